@@ -1,0 +1,334 @@
+//! Read- and write-family syscalls: read, readv, recvfrom, recvmsg, write,
+//! writev, sendto, sendmsg.
+//!
+//! Enter: if the thread group is targeted and (tgid, fd) is a tracked
+//! connection, save the buffer/iovec/msghdr pointer keyed by pid_tgid.
+//! Exit: the buffer is filled (reads) and the return value is known, so the
+//! payload is copied from user memory into one or more records of at most
+//! `CHUNK_BYTES`, walking iovecs with a bounded loop.
+
+use agent_ebpf::{
+    conn_key, stat, Direction, RecordKind, Syscall, CHUNK_BYTES, DEFAULT_MAX_CALL_BYTES,
+    HEADER_BYTES, MAX_IOV, MAX_RECORDS_PER_CALL,
+};
+use aya_ebpf::{
+    helpers::{
+        bpf_get_current_pid_tgid, bpf_ktime_get_ns,
+        generated::{bpf_loop, bpf_probe_read_user},
+    },
+    macros::tracepoint,
+    programs::TracePointContext,
+};
+
+use crate::{
+    ctx::{arg, bump, ret, send},
+    maps::{Pending, ACTIVE, CONFIG, CONNS, SCRATCH, TARGETS},
+};
+
+const EAGAIN: i64 = 11;
+
+/// How the saved pointer is to be read at exit.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Shape {
+    /// `ptr` is the buffer.
+    Flat,
+    /// `ptr` is an iovec array of `len` entries.
+    Vector,
+    /// `ptr` is a `struct msghdr`.
+    Msg,
+}
+
+fn shape(sc: u8) -> Shape {
+    if sc == Syscall::Readv as u8 || sc == Syscall::Writev as u8 {
+        Shape::Vector
+    } else if sc == Syscall::Recvmsg as u8 || sc == Syscall::Sendmsg as u8 {
+        Shape::Msg
+    } else {
+        Shape::Flat
+    }
+}
+
+#[inline(always)]
+fn enter(fd: u64, ptr: u64, len: u64, sc: Syscall) -> u32 {
+    let id = bpf_get_current_pid_tgid();
+    let tgid = (id >> 32) as u32;
+    // SAFETY: plain-data map values read by copy.
+    if unsafe { TARGETS.get(&tgid) }.is_none() {
+        return 0;
+    }
+    let fd = fd as i32;
+    if unsafe { CONNS.get(&conn_key(tgid, fd)) }.is_none() {
+        return 0;
+    }
+    let p = Pending {
+        ptr,
+        len,
+        fd,
+        syscall: sc as u8,
+        _pad: [0; 3],
+    };
+    let _ = ACTIVE.insert(&id, &p, 0);
+    0
+}
+
+#[inline(always)]
+fn exit(ctx: &TracePointContext) -> u32 {
+    let id = bpf_get_current_pid_tgid();
+    // SAFETY: copied out before removal.
+    let p = match unsafe { ACTIVE.get(&id) } {
+        Some(p) => *p,
+        None => return 0,
+    };
+    let _ = ACTIVE.remove(&id);
+    let r = ret(ctx);
+    if r == -EAGAIN {
+        return 0;
+    }
+    emit(id, &p, r);
+    0
+}
+
+#[inline(always)]
+fn emit(id: u64, p: &Pending, r: i64) {
+    let s = match SCRATCH.get_ptr_mut(0) {
+        // SAFETY: per-CPU scratch, this program is its only user on this CPU.
+        Some(s) => unsafe { &mut *s },
+        None => return,
+    };
+    let limit = match CONFIG.get(0) {
+        Some(c) => c.max_call_bytes as u64,
+        None => DEFAULT_MAX_CALL_BYTES as u64,
+    };
+    let dir = match Syscall::from_u8(p.syscall).and_then(Syscall::direction) {
+        Some(d) => d,
+        None => Direction::In,
+    };
+    s.hdr.ts_ns = unsafe { bpf_ktime_get_ns() };
+    s.hdr.ret = r;
+    s.hdr.tgid = (id >> 32) as u32;
+    s.hdr.tid = id as u32;
+    s.hdr.fd = p.fd;
+    s.hdr.offset = 0;
+    s.hdr.cap_len = 0;
+    s.hdr.kind = RecordKind::Data as u8;
+    s.hdr.dir = dir as u8;
+    s.hdr.syscall = p.syscall;
+    s.hdr.role = 0;
+    s.hdr.family = 0;
+    s.hdr.port = 0;
+    s.hdr.addr = [0; 16];
+
+    if r <= 0 {
+        s.hdr.total_len = 0;
+        output(s, 0);
+        return;
+    }
+    let mut remaining = r as u64;
+    if remaining > limit {
+        remaining = limit;
+        bump(stat::CALLS_TRUNCATED);
+    }
+    s.hdr.total_len = remaining as u32;
+
+    // Current contiguous user range and the iovec array still to walk.
+    let (cur_ptr, cur_left, iov_base, iov_cnt) = match shape(p.syscall) {
+        Shape::Flat => (p.ptr, remaining, 0u64, 0u64),
+        Shape::Vector => (0, 0, p.ptr, p.len),
+        Shape::Msg => {
+            // struct msghdr: msg_iov at 16, msg_iovlen at 24.
+            let mut hdr = [0u64; 4];
+            let rc = unsafe {
+                bpf_probe_read_user(
+                    hdr.as_mut_ptr().cast(),
+                    32,
+                    p.ptr as *const core::ffi::c_void,
+                )
+            };
+            if rc != 0 {
+                bump(stat::READ_FAULTS);
+                s.hdr.total_len = 0;
+                output(s, 0);
+                return;
+            }
+            (0, 0, hdr[2], hdr[3])
+        }
+    };
+
+    // The walk state lives in the per-CPU scratch map, not on the stack:
+    // values loaded from a map are opaque to the verifier, so the loop
+    // step below is verified once instead of once per iteration.
+    s.walk = Walk {
+        cur_ptr,
+        cur_left,
+        iov_base,
+        iov_cnt,
+        idx: 0,
+        pos: 0,
+        offset: 0,
+        remaining,
+        emitted: 0,
+    };
+    // SAFETY: `step` is a static function taking no context pointer.
+    unsafe {
+        bpf_loop(
+            MAX_RECORDS_PER_CALL + MAX_IOV,
+            step as *mut core::ffi::c_void,
+            core::ptr::null_mut(),
+            0,
+        )
+    };
+    let s = match SCRATCH.get_ptr_mut(0) {
+        // SAFETY: as above.
+        Some(s) => unsafe { &mut *s },
+        None => return,
+    };
+    let w = s.walk;
+    if w.pos > 0 {
+        s.hdr.offset = w.offset as u32;
+        output(s, w.pos);
+    } else if w.emitted == 0 {
+        // Nothing readable (fault or empty iovecs): still report the call.
+        output(s, 0);
+    }
+}
+
+/// State of one payload walk.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Walk {
+    /// Current contiguous user range.
+    pub cur_ptr: u64,
+    pub cur_left: u64,
+    /// iovec array still to walk (Vector/Msg shapes).
+    pub iov_base: u64,
+    pub iov_cnt: u64,
+    pub idx: u64,
+    /// Bytes staged in the scratch payload area.
+    pub pos: u64,
+    /// Offset of the staged bytes within the call.
+    pub offset: u64,
+    /// Bytes still to capture.
+    pub remaining: u64,
+    pub emitted: u64,
+}
+
+/// One step of the walk: load the next iovec, or copy the next piece of
+/// the current range into the staged record (flushing it when full).
+/// Returns 1 to stop the loop.
+fn step(_i: u64, _ctx: *mut core::ffi::c_void) -> i64 {
+    let s = match SCRATCH.get_ptr_mut(0) {
+        // SAFETY: per-CPU scratch; bpf_loop runs on this CPU.
+        Some(s) => unsafe { &mut *s },
+        None => return 1,
+    };
+    let mut w = s.walk;
+    let stop = advance(s, &mut w);
+    s.walk = w;
+    stop
+}
+
+#[inline(always)]
+fn advance(s: &mut crate::maps::Scratch, w: &mut Walk) -> i64 {
+    if w.remaining == 0 {
+        return 1;
+    }
+    if w.cur_left == 0 {
+        if w.idx >= w.iov_cnt || w.idx >= MAX_IOV as u64 {
+            return 1;
+        }
+        let mut iov = [0u64; 2];
+        let rc = unsafe {
+            bpf_probe_read_user(
+                iov.as_mut_ptr().cast(),
+                16,
+                (w.iov_base + w.idx * 16) as *const core::ffi::c_void,
+            )
+        };
+        w.idx += 1;
+        if rc != 0 {
+            bump(stat::READ_FAULTS);
+            return 1;
+        }
+        w.cur_ptr = iov[0];
+        w.cur_left = if iov[1] < w.remaining {
+            iov[1]
+        } else {
+            w.remaining
+        };
+        return 0;
+    }
+    let at = w.pos & (CHUNK_BYTES as u64 - 1);
+    let room = CHUNK_BYTES as u64 - at;
+    let mut n = if w.cur_left < room { w.cur_left } else { room };
+    if n > CHUNK_BYTES as u64 {
+        n = CHUNK_BYTES as u64;
+    }
+    let rc = unsafe {
+        bpf_probe_read_user(
+            s.buf.as_mut_ptr().add(at as usize).cast(),
+            n as u32,
+            w.cur_ptr as *const core::ffi::c_void,
+        )
+    };
+    if rc != 0 {
+        bump(stat::READ_FAULTS);
+        return 1;
+    }
+    w.pos = at + n;
+    w.cur_ptr += n;
+    w.cur_left -= n;
+    w.remaining -= n;
+    if w.pos >= CHUNK_BYTES as u64 || w.remaining == 0 {
+        s.hdr.offset = w.offset as u32;
+        w.offset += w.pos;
+        output(s, w.pos);
+        w.pos = 0;
+        w.emitted += 1;
+        if w.emitted >= MAX_RECORDS_PER_CALL as u64 {
+            return 1;
+        }
+    }
+    0
+}
+
+/// Copy header + `len` payload bytes of the scratch area to the ring buffer.
+#[inline(always)]
+fn output(s: &mut crate::maps::Scratch, len: u64) {
+    let len = len & (2 * CHUNK_BYTES as u64 - 1);
+    let len = if len > CHUNK_BYTES as u64 {
+        CHUNK_BYTES as u64
+    } else {
+        len
+    };
+    s.hdr.cap_len = len as u32;
+    let size = HEADER_BYTES + len as usize;
+    // SAFETY: `size` is at most HEADER_BYTES + CHUNK_BYTES, inside Scratch.
+    let bytes = unsafe {
+        core::slice::from_raw_parts((s as *const crate::maps::Scratch).cast::<u8>(), size)
+    };
+    send::<[u8]>(bytes);
+}
+
+macro_rules! flat {
+    ($enter:ident, $exit:ident, $sc:expr) => {
+        #[tracepoint]
+        pub fn $enter(ctx: TracePointContext) -> u32 {
+            enter(arg::<0>(&ctx), arg::<1>(&ctx), arg::<2>(&ctx), $sc)
+        }
+        #[tracepoint]
+        pub fn $exit(ctx: TracePointContext) -> u32 {
+            exit(&ctx)
+        }
+    };
+}
+
+flat!(sys_enter_read, sys_exit_read, Syscall::Read);
+flat!(sys_enter_write, sys_exit_write, Syscall::Write);
+flat!(sys_enter_recvfrom, sys_exit_recvfrom, Syscall::Recvfrom);
+flat!(sys_enter_sendto, sys_exit_sendto, Syscall::Sendto);
+// readv/writev(fd, iov, iovcnt): same argument positions, iovec array.
+flat!(sys_enter_readv, sys_exit_readv, Syscall::Readv);
+flat!(sys_enter_writev, sys_exit_writev, Syscall::Writev);
+// recvmsg/sendmsg(fd, msghdr, flags).
+flat!(sys_enter_recvmsg, sys_exit_recvmsg, Syscall::Recvmsg);
+flat!(sys_enter_sendmsg, sys_exit_sendmsg, Syscall::Sendmsg);

@@ -1,0 +1,262 @@
+//! Record layout shared by the kernel programs (`src/main.rs`, built for
+//! `bpfel-unknown-none`) and the userspace agent.
+//!
+//! Owns: the byte layout of everything that crosses the ring buffer or a map.
+//! Must not: depend on `std`, or change a field's offset without bumping
+//! [`ABI_VERSION`] (the agent refuses an object built with another version).
+//!
+//! A ring-buffer record is a [`RecordHeader`] immediately followed by
+//! `cap_len` payload bytes. One syscall that moved more than
+//! [`CHUNK_BYTES`] bytes produces several records with the same `ts_ns`,
+//! `tid` and `fd` and increasing `offset`; `total_len` is the number of
+//! bytes the kernel side meant to capture for the whole call.
+#![no_std]
+
+/// Bumped whenever a layout below changes.
+pub const ABI_VERSION: u32 = 1;
+
+/// Largest payload carried by one record. Larger calls continue in
+/// follow-up records.
+pub const CHUNK_BYTES: usize = 8192;
+
+/// Hard upper bound on records emitted for one syscall (the kernel loop
+/// bound). With [`CHUNK_BYTES`] this caps one call at 1 MiB.
+pub const MAX_RECORDS_PER_CALL: u32 = 128;
+
+/// Upper bound on the number of iovec entries walked for readv/writev/
+/// recvmsg/sendmsg. Bytes in later entries are not captured (the record's
+/// `ret` still says how many bytes the call moved).
+pub const MAX_IOV: u32 = 64;
+
+/// Default per-call capture limit: a 256 KiB request body plus headers.
+pub const DEFAULT_MAX_CALL_BYTES: u32 = 256 * 1024 + 8 * 1024;
+
+/// Size of [`RecordHeader`] in bytes.
+pub const HEADER_BYTES: usize = core::mem::size_of::<RecordHeader>();
+
+/// What a record describes.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecordKind {
+    /// Bytes moved (or an error returned) by a read- or write-family call.
+    Data = 1,
+    /// A tracked TCP connection appeared (accept/accept4/connect exit).
+    Open = 2,
+    /// A tracked connection's fd was closed.
+    Close = 3,
+    /// Some process called execve; payload is its 16-byte comm.
+    Exec = 4,
+    /// A targeted thread group exited.
+    Exit = 5,
+}
+
+impl RecordKind {
+    pub fn from_u8(v: u8) -> Option<Self> {
+        Some(match v {
+            1 => Self::Data,
+            2 => Self::Open,
+            3 => Self::Close,
+            4 => Self::Exec,
+            5 => Self::Exit,
+            _ => return None,
+        })
+    }
+}
+
+/// Direction of a data record as seen from the traced process.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Direction {
+    /// The process read bytes from the socket.
+    In = 1,
+    /// The process wrote bytes to the socket.
+    Out = 2,
+}
+
+/// Which syscall produced a record.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Syscall {
+    Read = 1,
+    Readv = 2,
+    Recvfrom = 3,
+    Recvmsg = 4,
+    Write = 5,
+    Writev = 6,
+    Sendto = 7,
+    Sendmsg = 8,
+    Accept = 9,
+    Accept4 = 10,
+    Connect = 11,
+    Close = 12,
+    /// Seeded by userspace from /proc, not by a syscall.
+    Seed = 13,
+}
+
+impl Syscall {
+    pub fn from_u8(v: u8) -> Option<Self> {
+        Some(match v {
+            1 => Self::Read,
+            2 => Self::Readv,
+            3 => Self::Recvfrom,
+            4 => Self::Recvmsg,
+            5 => Self::Write,
+            6 => Self::Writev,
+            7 => Self::Sendto,
+            8 => Self::Sendmsg,
+            9 => Self::Accept,
+            10 => Self::Accept4,
+            11 => Self::Connect,
+            12 => Self::Close,
+            13 => Self::Seed,
+            _ => return None,
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Read => "read",
+            Self::Readv => "readv",
+            Self::Recvfrom => "recvfrom",
+            Self::Recvmsg => "recvmsg",
+            Self::Write => "write",
+            Self::Writev => "writev",
+            Self::Sendto => "sendto",
+            Self::Sendmsg => "sendmsg",
+            Self::Accept => "accept",
+            Self::Accept4 => "accept4",
+            Self::Connect => "connect",
+            Self::Close => "close",
+            Self::Seed => "seed",
+        }
+    }
+
+    pub fn direction(self) -> Option<Direction> {
+        match self {
+            Self::Read | Self::Readv | Self::Recvfrom | Self::Recvmsg => Some(Direction::In),
+            Self::Write | Self::Writev | Self::Sendto | Self::Sendmsg => Some(Direction::Out),
+            _ => None,
+        }
+    }
+}
+
+/// Connection role, from the traced process's point of view.
+pub const ROLE_SERVER: u8 = 1;
+pub const ROLE_CLIENT: u8 = 2;
+
+/// Address families as the kernel numbers them (0: unknown, e.g. accept
+/// with a NULL address).
+pub const AF_UNSPEC: u16 = 0;
+pub const AF_UNIX: u16 = 1;
+pub const AF_INET: u16 = 2;
+pub const AF_INET6: u16 = 10;
+
+/// Header of every ring-buffer record (64 bytes, 8-byte aligned).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RecordHeader {
+    /// `bpf_ktime_get_ns()` (CLOCK_MONOTONIC) at syscall exit.
+    pub ts_ns: u64,
+    /// The syscall's return value (bytes moved or negative errno).
+    pub ret: i64,
+    pub tgid: u32,
+    pub tid: u32,
+    pub fd: i32,
+    /// Bytes the kernel side meant to capture for the whole call
+    /// (min(ret, per-call limit)); 0 for non-data records.
+    pub total_len: u32,
+    /// Offset of this record's payload within the call's captured bytes.
+    /// Open records from accept/accept4 carry the listening fd here
+    /// (userspace resolves the local address through it), -1 otherwise.
+    pub offset: u32,
+    /// Payload bytes that follow this header.
+    pub cap_len: u32,
+    /// [`RecordKind`] as u8.
+    pub kind: u8,
+    /// [`Direction`] as u8 (0 when not a data record).
+    pub dir: u8,
+    /// [`Syscall`] as u8.
+    pub syscall: u8,
+    /// [`ROLE_SERVER`] / [`ROLE_CLIENT`] for open records.
+    pub role: u8,
+    /// Peer address family for open records ([`AF_UNSPEC`] when unknown).
+    pub family: u16,
+    /// Peer port in host byte order (open records).
+    pub port: u16,
+    /// Peer address: IPv4 in the first 4 bytes, or IPv6 (open records).
+    pub addr: [u8; 16],
+}
+
+/// Per-call capture limit and switches, written by userspace into the
+/// single-entry `CONFIG` array before attaching.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// Bytes captured at most per syscall (the rest is counted in `ret`).
+    pub max_call_bytes: u32,
+    pub abi_version: u32,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            max_call_bytes: DEFAULT_MAX_CALL_BYTES,
+            abi_version: ABI_VERSION,
+        }
+    }
+}
+
+/// Value of the `CONNS` map: one entry per tracked (tgid, fd).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ConnState {
+    pub role: u8,
+    pub _pad: [u8; 7],
+}
+
+/// Key of the `CONNS` map.
+#[inline(always)]
+pub const fn conn_key(tgid: u32, fd: i32) -> u64 {
+    ((tgid as u64) << 32) | (fd as u32 as u64)
+}
+
+/// Indexes of the per-CPU `STATS` array.
+pub mod stat {
+    /// Records that did not fit in the ring buffer.
+    pub const RECORDS_DROPPED: u32 = 0;
+    /// Calls whose bytes exceeded the per-call limit (tail not captured).
+    pub const CALLS_TRUNCATED: u32 = 1;
+    /// Calls whose user memory could not be read.
+    pub const READ_FAULTS: u32 = 2;
+    /// Records written to the ring buffer.
+    pub const RECORDS_SENT: u32 = 3;
+    /// Connections not tracked because the `CONNS` map was full.
+    pub const CONNS_FULL: u32 = 4;
+    pub const COUNT: u32 = 5;
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: plain #[repr(C)] data with no padding holes read as garbage:
+    // every bit pattern is a valid value.
+    unsafe impl aya::Pod for super::Config {}
+    unsafe impl aya::Pod for super::ConnState {}
+    unsafe impl aya::Pod for super::RecordHeader {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_is_64_bytes_and_8_aligned() {
+        assert_eq!(HEADER_BYTES, 64);
+        assert_eq!(core::mem::align_of::<RecordHeader>(), 8);
+    }
+
+    #[test]
+    fn conn_key_keeps_tgid_and_fd_apart() {
+        assert_eq!(conn_key(1, 2), (1u64 << 32) | 2);
+        assert_ne!(conn_key(1, 2), conn_key(2, 1));
+    }
+}

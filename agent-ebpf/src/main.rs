@@ -1,0 +1,42 @@
+//! tokentap kernel programs: syscall tracepoints that copy the socket traffic
+//! of targeted processes into a ring buffer.
+//!
+//! Owns: in-kernel filtering (TARGETS, CONNS), per-call payload capture and
+//! the drop/truncation counters. Must not: read kernel memory (lockdown
+//! forbids it; only tracepoint context and user memory are read), block or
+//! slow the traced process beyond a map lookup when it is not targeted.
+//!
+//! One file per hook family: `data.rs` (read/write family), `conn.rs`
+//! (accept/connect/close), `process.rs` (exec/exit). Maps live in `maps.rs`.
+#![cfg_attr(target_arch = "bpf", no_std)]
+#![cfg_attr(target_arch = "bpf", no_main)]
+
+#[cfg(target_arch = "bpf")]
+mod conn;
+#[cfg(target_arch = "bpf")]
+mod ctx;
+#[cfg(target_arch = "bpf")]
+mod data;
+#[cfg(target_arch = "bpf")]
+mod maps;
+#[cfg(target_arch = "bpf")]
+mod process;
+
+#[cfg(target_arch = "bpf")]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+/// bpf_probe_read_user is a GPL-only helper.
+#[cfg(target_arch = "bpf")]
+#[link_section = "license"]
+#[no_mangle]
+static LICENSE: [u8; 4] = *b"GPL\0";
+
+#[cfg(not(target_arch = "bpf"))]
+fn main() {
+    eprintln!(
+        "agent-ebpf holds eBPF programs; `cargo xtask build` compiles it for bpfel-unknown-none"
+    );
+}

@@ -1,0 +1,96 @@
+//! The typed socket events every later stage consumes, whether they come
+//! from the live kernel capture or from a capture file.
+//!
+//! Owns: the event types. Must not: do I/O.
+
+use std::net::SocketAddr;
+
+/// Which side of the connection the traced process is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// The process accepted the connection (an inference server).
+    Server,
+    /// The process connected out.
+    Client,
+}
+
+/// Direction of bytes as seen by the traced process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Dir {
+    /// The process read them (a request, for a server).
+    In,
+    /// The process wrote them (a response, for a server).
+    Out,
+}
+
+/// A tracked TCP connection appeared (accepted, connected, or found open
+/// at start-up).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OpenEvent {
+    /// Wall-clock UNIX-epoch nanoseconds.
+    pub ts_ns: u64,
+    pub pid: u32,
+    pub fd: i32,
+    pub role: Role,
+    pub local: Option<SocketAddr>,
+    pub peer: Option<SocketAddr>,
+}
+
+/// One read- or write-family syscall on a tracked connection.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DataEvent {
+    /// Wall-clock UNIX-epoch nanoseconds at syscall exit.
+    pub ts_ns: u64,
+    pub pid: u32,
+    pub tid: u32,
+    pub fd: i32,
+    pub dir: Dir,
+    /// The syscall's return value: bytes moved, or a negative errno
+    /// (-EPIPE, -ECONNRESET: the peer went away).
+    pub ret: i64,
+    /// Captured payload; shorter than `ret` when capture was truncated.
+    pub data: Vec<u8>,
+    /// The syscall's name (`write`, `writev`, …) when known.
+    pub syscall: Option<String>,
+}
+
+impl DataEvent {
+    /// True when fewer bytes were captured than the call moved.
+    pub fn truncated(&self) -> bool {
+        self.ret > 0 && (self.data.len() as i64) < self.ret
+    }
+}
+
+/// A tracked connection's fd was closed (or its process exited).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CloseEvent {
+    pub ts_ns: u64,
+    pub pid: u32,
+    pub fd: i32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SocketEvent {
+    Open(OpenEvent),
+    Data(DataEvent),
+    Close(CloseEvent),
+}
+
+impl SocketEvent {
+    pub fn ts_ns(&self) -> u64 {
+        match self {
+            Self::Open(e) => e.ts_ns,
+            Self::Data(e) => e.ts_ns,
+            Self::Close(e) => e.ts_ns,
+        }
+    }
+
+    /// (pid, fd): the connection this event belongs to.
+    pub fn conn(&self) -> (u32, i32) {
+        match self {
+            Self::Open(e) => (e.pid, e.fd),
+            Self::Data(e) => (e.pid, e.fd),
+            Self::Close(e) => (e.pid, e.fd),
+        }
+    }
+}

@@ -1,0 +1,10 @@
+//! tokentap: measures LLM inference services from the kernel.
+//!
+//! Stages (see docs/architecture.md): `capture` (kernel → typed socket
+//! events) and `replay` (capture file → the same events) feed everything
+//! downstream through [`source::EventSource`].
+
+pub mod capfile;
+pub mod capture;
+pub mod event;
+pub mod source;

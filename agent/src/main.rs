@@ -1,0 +1,241 @@
+//! The `tokentap` command line.
+
+use std::{path::PathBuf, process::ExitCode, time::Duration};
+
+use anyhow::{bail, Result};
+use clap::{Args, Parser, Subcommand};
+use tokentap::{
+    capfile::Writer,
+    capture::{Capture, CaptureOptions},
+    event::SocketEvent,
+    source::EventSource,
+};
+
+/// tokentap measures LLM inference services (TTFT, TPOT, tokens, request
+/// rate) from the kernel: eBPF programs timestamp an engine's socket reads
+/// and writes, so nothing in the engine changes.
+///
+/// Capturing needs root (or CAP_BPF, CAP_PERFMON and CAP_SYS_ADMIN to mount
+/// tracefs). Replaying a capture file needs nothing.
+#[derive(Parser)]
+#[command(name = "tokentap", version, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Record the raw socket traffic of processes to a capture file.
+    ///
+    /// The file is JSON Lines, one socket event per line (open, data,
+    /// close); payload bytes are base64. It holds prompts and completions,
+    /// so it is created with mode 0600. Feed it to `tokentap replay` to
+    /// reproduce anything seen in the field without root.
+    ///
+    /// Example: tokentap capture --port 8000 --out llm.jsonl --duration 60
+    Capture(CaptureArgs),
+    /// Read a capture file back through the same event stream the live
+    /// agent uses.
+    ///
+    /// Malformed lines are reported with their line number and skipped.
+    Replay(ReplayArgs),
+}
+
+#[derive(Args)]
+struct CaptureArgs {
+    /// Capture this process (repeatable).
+    #[arg(long = "pid", value_name = "PID")]
+    pids: Vec<u32>,
+    /// Only server connections on this local port (repeatable). Without
+    /// --pid, captures every process listening on it.
+    #[arg(long = "port", value_name = "PORT")]
+    ports: Vec<u16>,
+    /// Capture file to write ("-" for stdout).
+    #[arg(long, value_name = "FILE")]
+    out: PathBuf,
+    /// Stop after this many seconds (default: until Ctrl-C / SIGTERM).
+    #[arg(long, value_name = "SECS")]
+    duration: Option<f64>,
+    #[command(flatten)]
+    kernel: KernelArgs,
+}
+
+/// Kernel-side capture settings.
+#[derive(Args, Clone)]
+struct KernelArgs {
+    /// Ring buffer between kernel and agent, in bytes (a power of two,
+    /// ≥ 4096). When it is full the kernel drops records and counts them;
+    /// traced processes never wait.
+    #[arg(long, value_name = "BYTES", default_value_t = 16 << 20)]
+    ring_buffer_bytes: u32,
+    /// Payload bytes captured per syscall at most (the rest is counted in
+    /// the event's `ret`, not captured). Capped at 1 MiB.
+    #[arg(long, value_name = "BYTES", default_value_t = agent_ebpf::DEFAULT_MAX_CALL_BYTES)]
+    max_call_bytes: u32,
+    /// Connections tracked at once at most.
+    #[arg(long, value_name = "N", default_value_t = 65536)]
+    max_conns: u32,
+}
+
+#[derive(Args)]
+struct ReplayArgs {
+    /// Capture file written by `tokentap capture` (or any tool following
+    /// the format in docs/architecture.md).
+    file: PathBuf,
+    /// Write the events read, normalised, as JSON Lines ("-" for stdout).
+    #[arg(long, value_name = "PATH")]
+    events: Option<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    let cli = Cli::parse();
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("tokentap: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let res = rt.block_on(async {
+        match cli.cmd {
+            Cmd::Capture(a) => capture(a).await,
+            Cmd::Replay(a) => replay(a).await,
+        }
+    });
+    match res {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tokentap: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Resolves when SIGINT or SIGTERM arrives.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut int), Ok(mut term)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
+        std::future::pending::<()>().await;
+        return;
+    };
+    tokio::select! {
+        _ = int.recv() => {},
+        _ = term.recv() => {},
+    }
+}
+
+async fn capture(a: CaptureArgs) -> Result<()> {
+    if a.pids.is_empty() && a.ports.is_empty() {
+        bail!(
+            "capture needs at least one --pid PID or --port PORT (see `tokentap capture --help`)"
+        );
+    }
+    let opts = CaptureOptions {
+        pids: a.pids.clone(),
+        ports: a.ports.clone(),
+        ring_bytes: a.kernel.ring_buffer_bytes,
+        max_call_bytes: a.kernel.max_call_bytes,
+        max_conns: a.kernel.max_conns,
+        ..CaptureOptions::default()
+    };
+    let mut writer = Writer::create(&a.out)?;
+    if a.out.as_os_str() != "-" {
+        eprintln!(
+            "tokentap: writing {} with mode 0600: it contains request and response payloads (prompts, completions)",
+            a.out.display()
+        );
+    }
+    let mut cap = Capture::start(&opts)?;
+    let mut batch: Vec<SocketEvent> = Vec::new();
+    cap.seed(&mut batch);
+    eprintln!(
+        "tokentap: capturing pids {:?}{}; ready",
+        cap.targets(),
+        if a.ports.is_empty() {
+            String::new()
+        } else {
+            format!(" ports {:?}", a.ports)
+        }
+    );
+    let mut src = EventSource::Live(Box::new(cap));
+    let deadline = async {
+        match a.duration {
+            Some(s) => tokio::time::sleep(Duration::from_secs_f64(s.max(0.0))).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(deadline);
+    let stop = shutdown_signal();
+    tokio::pin!(stop);
+    loop {
+        for ev in batch.drain(..) {
+            writer.write(&ev)?;
+        }
+        tokio::select! {
+            r = src.next_batch(&mut batch) => { r?; }
+            _ = &mut deadline => break,
+            _ = &mut stop => break,
+        }
+    }
+    src.finish(&mut batch);
+    for ev in batch.drain(..) {
+        writer.write(&ev)?;
+    }
+    writer.flush()?;
+    if let Some(st) = src.capture_stats() {
+        eprintln!(
+            "tokentap: {} events written; stats {}",
+            writer.events,
+            serde_json::to_string(&st).unwrap_or_default()
+        );
+    }
+    Ok(())
+}
+
+async fn replay(a: ReplayArgs) -> Result<()> {
+    let mut src = EventSource::replay(&a.file)?;
+    let mut writer = match &a.events {
+        Some(p) => Some(Writer::create(p)?),
+        None => None,
+    };
+    let mut batch = Vec::new();
+    let mut n = 0u64;
+    loop {
+        let more = src.next_batch(&mut batch).await?;
+        n += batch.len() as u64;
+        if let Some(w) = writer.as_mut() {
+            for ev in &batch {
+                w.write(ev)?;
+            }
+        }
+        batch.clear();
+        if !more {
+            break;
+        }
+    }
+    if let Some(w) = writer.as_mut() {
+        w.flush()?;
+    }
+    for b in src.bad_lines() {
+        eprintln!(
+            "tokentap: {}:{}: skipped malformed line: {}",
+            a.file.display(),
+            b.line_no,
+            b.error
+        );
+    }
+    eprintln!(
+        "tokentap: replayed {n} events from {} ({} malformed lines skipped)",
+        a.file.display(),
+        src.bad_lines().len()
+    );
+    Ok(())
+}

@@ -1,0 +1,3 @@
+pub fn run(which: &str, _secs: f64) -> anyhow::Result<()> {
+    anyhow::bail!("unknown bench {which}")
+}

@@ -1,0 +1,46 @@
+//! Compiles `agent-ebpf` for `bpfel-unknown-none` with nightly.
+
+use std::{path::PathBuf, process::Command};
+
+use anyhow::Result;
+
+use crate::{
+    toolchain::Toolchain,
+    util::{root, run},
+};
+
+pub fn object_path() -> PathBuf {
+    root().join("target/bpf/bpfel-unknown-none/release/agent-ebpf")
+}
+
+pub fn build(tc: &Toolchain) -> Result<PathBuf> {
+    let mut cmd = Command::new("cargo");
+    cmd.current_dir(root())
+        .args([
+            "+nightly",
+            "build",
+            "--package",
+            "agent-ebpf",
+            "--bin",
+            "agent-ebpf",
+            "--target",
+            "bpfel-unknown-none",
+            "-Z",
+            "build-std=core",
+            "--release",
+            "--target-dir",
+            "target/bpf",
+        ])
+        // BTF is required: bpf_loop callbacks need BTF func_info.
+        .env(
+            "CARGO_ENCODED_RUSTFLAGS",
+            "-Cdebuginfo=2\x1f-Clink-arg=--btf",
+        )
+        .env_remove("RUSTFLAGS")
+        .env_remove("RUSTC")
+        .env_remove("RUSTC_WRAPPER")
+        .env_remove("CARGO");
+    tc.apply(&mut cmd);
+    run(&mut cmd)?;
+    Ok(object_path())
+}

@@ -1,0 +1,107 @@
+//! Build orchestration for tokentap: toolchain set-up, the eBPF object,
+//! the agent, tests, benchmarks and the demo. Every step a fresh machine
+//! needs is here, so `cargo xtask …` works on a clean clone with only
+//! rustup (stable + nightly) installed.
+
+mod bench;
+mod ebpf;
+mod toolchain;
+mod util;
+
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "tokentap build, test and bench tasks")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Install what the eBPF build needs (nightly rust-src, bpf-linker
+    /// built against nightly's LLVM) when missing.
+    Setup,
+    /// Build the eBPF object and the agent with it embedded.
+    Build {
+        /// Build the agent in release mode.
+        #[arg(long)]
+        release: bool,
+    },
+    /// Build (release) and run the agent as root: `cargo xtask run -- capture --port 8000 --out cap.jsonl`.
+    Run {
+        /// Arguments for `tokentap` (after `--`).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Run the whole test suite: unit, property and root eBPF integration
+    /// tests. Under CI=true a test that cannot load eBPF fails.
+    Test {
+        /// Extra arguments for `cargo test` (after `--`), e.g. a test name filter.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Run benchmarks and print a table: `capture` (kernel capture overhead).
+    Bench {
+        /// Which bench: capture.
+        #[arg(default_value = "capture")]
+        which: String,
+        /// Seconds per measurement.
+        #[arg(long, default_value_t = 3.0)]
+        secs: f64,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let res = match cli.cmd {
+        Cmd::Setup => toolchain::ensure().map(|_| ()),
+        Cmd::Build { release } => build(release),
+        Cmd::Run { args } => run(args),
+        Cmd::Test { args } => test(args),
+        Cmd::Bench { which, secs } => bench::run(&which, secs),
+    };
+    match res {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// eBPF object, then the agent (and the test/peer binaries) embedding it.
+pub fn build(release: bool) -> Result<()> {
+    let tc = toolchain::ensure()?;
+    let obj = ebpf::build(&tc)?;
+    let mut cmd = util::cargo();
+    cmd.args(["build", "--workspace", "--bins"]);
+    if release {
+        cmd.arg("--release");
+    }
+    cmd.env("TOKENTAP_EBPF_OBJ", &obj);
+    util::run(&mut cmd)
+}
+
+fn run(args: Vec<String>) -> Result<()> {
+    build(true)?;
+    let bin = util::root().join("target/release/tokentap");
+    let mut cmd = std::process::Command::new(bin);
+    cmd.args(args);
+    util::run(&mut cmd)
+}
+
+fn test(args: Vec<String>) -> Result<()> {
+    build(false)?;
+    let tc = toolchain::ensure()?;
+    let obj = ebpf::object_path();
+    let mut cmd = util::cargo();
+    cmd.args(["test", "--workspace"]);
+    cmd.env("TOKENTAP_EBPF_OBJ", &obj);
+    cmd.args(&args);
+    let _ = tc;
+    util::run(&mut cmd)
+}
