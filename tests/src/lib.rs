@@ -1,1 +1,303 @@
+//! Helpers shared by tokentap's root integration tests: locating the
+//! binaries, driving the `sockpeer` test server, running the agent and
+//! reading what it wrote.
+//!
+//! eBPF tests need root. Outside CI they skip with a loud message when not
+//! root; under `CI=true` they fail instead (see [`require_root`]).
 
+use std::{
+    io::{BufRead, BufReader, Write},
+    path::{Path, PathBuf},
+    process::{Child, ChildStdin, Command, Stdio},
+    sync::{mpsc, Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+
+/// One ping-pong step of the `exchange` script: the request the client
+/// sends, the syscall the server reads it with, the response and the
+/// syscall the server writes it with.
+pub struct Step {
+    pub req: Vec<u8>,
+    pub read_with: &'static str,
+    pub resp: Vec<u8>,
+    pub write_with: &'static str,
+}
+
+/// Syscall names as the capture reports them. On x86_64 `recv` and `send`
+/// are library calls over `recvfrom`/`sendto`.
+pub const READERS: [(&str, &str); 5] = [
+    ("read", "read"),
+    ("readv", "readv"),
+    ("recv", "recvfrom"),
+    ("recvfrom", "recvfrom"),
+    ("recvmsg", "recvmsg"),
+];
+pub const WRITERS: [(&str, &str); 5] = [
+    ("write", "write"),
+    ("writev", "writev"),
+    ("send", "sendto"),
+    ("sendto", "sendto"),
+    ("sendmsg", "sendmsg"),
+];
+
+pub fn exchange_script() -> Vec<Step> {
+    (0..5)
+        .map(|i| {
+            let mut req = format!("req-{i}-").into_bytes();
+            req.extend((0..100 + i * 37).map(|k| b'a' + ((k + i) % 26) as u8));
+            let mut resp = format!("data: {{\"i\":{i}}}\n\n").into_bytes();
+            resp.extend((0..200 + i * 53).map(|k| b'A' + ((k * 7 + i) % 26) as u8));
+            Step {
+                req,
+                read_with: READERS[i].0,
+                resp,
+                write_with: WRITERS[i].0,
+            }
+        })
+        .collect()
+}
+
+/// True when the test may use eBPF. Not root: under CI=true this panics
+/// (a test that cannot load eBPF in CI must fail), otherwise it prints a
+/// skip notice and returns false.
+pub fn require_root(test: &str) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    if std::env::var("CI").map(|v| v == "true").unwrap_or(false) {
+        panic!("{test}: eBPF tests must run as root under CI=true");
+    }
+    eprintln!("SKIPPED {test}: needs root to load eBPF (run `sudo cargo xtask test`)");
+    false
+}
+
+/// target/<profile> of the running test binary.
+pub fn target_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    let deps = exe.parent().expect("deps dir");
+    deps.parent().expect("profile dir").to_path_buf()
+}
+
+/// The agent binary built by `cargo xtask build` / `cargo xtask test`.
+pub fn tokentap_bin() -> PathBuf {
+    let p = std::env::var_os("TOKENTAP_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| target_dir().join("tokentap"));
+    assert!(
+        p.exists(),
+        "{} is missing: run the tests through `cargo xtask test`",
+        p.display()
+    );
+    p
+}
+
+fn lines_of(r: impl std::io::Read + Send + 'static) -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(r).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// The `sockpeer` test server, driven line by line over stdin/stdout.
+pub struct Peer {
+    child: Child,
+    stdin: ChildStdin,
+    out: mpsc::Receiver<String>,
+    pub pid: u32,
+    pub port: u16,
+}
+
+impl Peer {
+    pub fn spawn(bin: &Path) -> Peer {
+        let mut child = Command::new(bin)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn sockpeer");
+        let stdin = child.stdin.take().expect("stdin");
+        let out = lines_of(child.stdout.take().expect("stdout"));
+        let pid = child.id();
+        let mut p = Peer {
+            child,
+            stdin,
+            out,
+            pid,
+            port: 0,
+        };
+        let l = p.line(Duration::from_secs(10));
+        p.port = l
+            .strip_prefix("port ")
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("sockpeer said {l:?}"));
+        p
+    }
+
+    /// Send a command without waiting for its reply.
+    pub fn send(&mut self, cmd: &str) {
+        writeln!(self.stdin, "{cmd}").expect("write to sockpeer");
+        self.stdin.flush().expect("flush");
+    }
+
+    /// Next reply line (panics after `timeout`).
+    pub fn line(&mut self, timeout: Duration) -> String {
+        self.out
+            .recv_timeout(timeout)
+            .unwrap_or_else(|e| panic!("sockpeer gave no reply within {timeout:?}: {e}"))
+    }
+
+    /// Send a command and wait for its reply.
+    pub fn cmd(&mut self, cmd: &str) -> String {
+        self.send(cmd);
+        self.line(Duration::from_secs(30))
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A running `tokentap capture`.
+pub struct Agent {
+    child: Child,
+    stderr: Arc<Mutex<Vec<String>>>,
+    pub out: PathBuf,
+}
+
+/// What a finished capture left behind.
+pub struct Captured {
+    pub events: Vec<Value>,
+    pub stats: Value,
+    pub stderr: Vec<String>,
+    pub exit_ok: bool,
+}
+
+impl Agent {
+    /// Starts `tokentap capture ARGS --out OUT` and waits until it says it
+    /// is attached.
+    pub fn capture(args: &[&str], out: &Path) -> Agent {
+        let mut child = Command::new(tokentap_bin())
+            .arg("capture")
+            .args(args)
+            .arg("--out")
+            .arg(out)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn tokentap");
+        let rx = lines_of(child.stderr.take().expect("stderr"));
+        let stderr = Arc::new(Mutex::new(Vec::new()));
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(l) => {
+                    let ready = l.ends_with("; ready");
+                    stderr.lock().unwrap().push(l);
+                    if ready {
+                        break;
+                    }
+                }
+                Err(_) => {
+                    let _ = child.kill();
+                    panic!(
+                        "tokentap capture did not become ready: {:?}",
+                        stderr.lock().unwrap()
+                    );
+                }
+            }
+        }
+        let keep = stderr.clone();
+        std::thread::spawn(move || {
+            for l in rx {
+                keep.lock().unwrap().push(l);
+            }
+        });
+        Agent {
+            child,
+            stderr,
+            out: out.to_path_buf(),
+        }
+    }
+
+    /// SIGINT, wait (bounded), and read the capture file.
+    pub fn stop(mut self) -> Captured {
+        // SAFETY: plain signal to our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        self.wait(Duration::from_secs(30))
+    }
+
+    /// Wait for a capture with --duration to end by itself.
+    pub fn wait(&mut self, timeout: Duration) -> Captured {
+        let deadline = Instant::now() + timeout;
+        let status = loop {
+            if let Some(st) = self.child.try_wait().expect("try_wait") {
+                break st;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!("tokentap did not exit within {timeout:?} (hang)");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        std::thread::sleep(Duration::from_millis(100));
+        let stderr = self.stderr.lock().unwrap().clone();
+        let stats = stderr
+            .iter()
+            .rev()
+            .find_map(|l| l.split_once(" stats ").map(|(_, j)| j.to_string()))
+            .and_then(|j| serde_json::from_str(&j).ok())
+            .unwrap_or(Value::Null);
+        Captured {
+            events: read_jsonl(&self.out),
+            stats,
+            stderr,
+            exit_ok: status.success(),
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn read_jsonl(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad JSON line {l:?}: {e}")))
+        .collect()
+}
+
+/// Decoded payload of a data event.
+pub fn payload(ev: &Value) -> Vec<u8> {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD
+        .decode(ev["data_b64"].as_str().unwrap_or(""))
+        .expect("base64")
+}
+
+/// A fresh scratch directory under the system temp dir.
+pub fn scratch_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("tokentap-test-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("mkdir scratch");
+    d
+}

@@ -1,0 +1,355 @@
+//! Root integration tests of the kernel capture against real sockets: a
+//! `sockpeer` server process moves known bytes through every read and
+//! write syscall family while `tokentap capture` records it.
+
+use std::{
+    io::{Read, Write},
+    net::TcpStream,
+    os::{fd::AsRawFd, unix::fs::PermissionsExt},
+    path::Path,
+    process::Command,
+    time::Duration,
+};
+
+use serde_json::Value;
+use tokentap_tests::{
+    exchange_script, payload, require_root, scratch_dir, tokentap_bin, Agent, Peer, READERS,
+    WRITERS,
+};
+
+fn peer() -> Peer {
+    Peer::spawn(Path::new(env!("CARGO_BIN_EXE_sockpeer")))
+}
+
+fn accepted_fd(reply: &str) -> i64 {
+    reply
+        .strip_prefix("accepted ")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("bad accept reply {reply:?}"))
+}
+
+/// The client side of the `exchange` script.
+fn client_exchange(p: &mut Peer, s: &mut TcpStream) {
+    p.send("exchange");
+    for step in exchange_script() {
+        s.write_all(&step.req).unwrap();
+        let mut buf = vec![0; step.resp.len()];
+        s.read_exact(&mut buf).unwrap();
+        assert_eq!(buf, step.resp);
+    }
+    assert_eq!(p.line(Duration::from_secs(30)), "done");
+}
+
+fn of_type<'a>(evs: &'a [Value], t: &str) -> Vec<&'a Value> {
+    evs.iter().filter(|e| e["type"] == t).collect()
+}
+
+fn data(evs: &[Value], fd: i64, dir: &str) -> Vec<Value> {
+    evs.iter()
+        .filter(|e| e["type"] == "data" && e["fd"] == fd && e["dir"] == dir)
+        .cloned()
+        .collect()
+}
+
+fn concat(evs: &[Value]) -> Vec<u8> {
+    evs.iter().flat_map(payload).collect()
+}
+
+/// Which syscall (capture name) each byte range must have used.
+fn check_syscalls(evs: &[Value], lens: &[usize], names: &[&str]) {
+    let mut bounds = vec![];
+    let mut at = 0;
+    for (len, name) in lens.iter().zip(names) {
+        bounds.push((at, at + len, *name));
+        at += len;
+    }
+    let mut off = 0usize;
+    for ev in evs {
+        let n = payload(ev).len();
+        if let Some((_, _, name)) = bounds.iter().find(|(s, e, _)| off >= *s && off < *e) {
+            assert_eq!(
+                ev["syscall"], *name,
+                "bytes at offset {off} moved by the wrong syscall: {ev}"
+            );
+        }
+        off += n;
+    }
+}
+
+fn assert_monotonic_per_conn(evs: &[Value]) {
+    let mut last = std::collections::HashMap::new();
+    for e in evs {
+        let key = (e["pid"].as_u64(), e["fd"].as_i64());
+        let ts = e["ts_ns"].as_u64().expect("ts_ns");
+        if let Some(prev) = last.insert(key, ts) {
+            assert!(
+                ts >= prev,
+                "timestamps went backwards on {key:?}: {prev} then {ts}"
+            );
+        }
+    }
+}
+
+#[test]
+fn every_read_and_write_syscall_is_captured_in_order_and_nothing_else() {
+    if !require_root("capture exchange") {
+        return;
+    }
+    let dir = scratch_dir("exchange");
+    let cap_path = dir.join("cap.jsonl");
+    let mut a = peer();
+    let mut b = peer();
+    let agent = Agent::capture(&["--pid", &a.pid.to_string()], &cap_path);
+
+    let mut ca = TcpStream::connect(("127.0.0.1", a.port)).unwrap();
+    let fd = accepted_fd(&a.cmd("accept"));
+    client_exchange(&mut a, &mut ca);
+    assert_eq!(a.cmd("noise"), "done");
+
+    let body: Vec<u8> = (0..256 * 1024).map(|i| (i * 31 % 251) as u8).collect();
+    a.send(&format!("big {}", body.len()));
+    ca.write_all(&body).unwrap();
+    let mut ok = [0u8; 2];
+    ca.read_exact(&mut ok).unwrap();
+    assert_eq!(
+        a.line(Duration::from_secs(30)),
+        format!("done {}", body.len())
+    );
+
+    // The same traffic from a process that is not targeted.
+    let mut cb = TcpStream::connect(("127.0.0.1", b.port)).unwrap();
+    b.cmd("accept");
+    client_exchange(&mut b, &mut cb);
+    assert_eq!(b.cmd("noise"), "done");
+
+    assert_eq!(a.cmd("close"), "done");
+    std::thread::sleep(Duration::from_millis(200));
+    let cap = agent.stop();
+    assert!(cap.exit_ok, "agent failed: {:?}", cap.stderr);
+    let evs = &cap.events;
+
+    for e in evs {
+        assert_eq!(
+            e["pid"].as_u64(),
+            Some(a.pid as u64),
+            "captured another process: {e}"
+        );
+    }
+    let opens = of_type(evs, "open");
+    assert_eq!(
+        opens.len(),
+        1,
+        "exactly the one TCP connection is tracked: {opens:?}"
+    );
+    let open = opens[0];
+    assert_eq!(open["fd"], fd);
+    assert_eq!(open["role"], "server");
+    assert_eq!(open["peer"], ca.local_addr().unwrap().to_string());
+    assert_eq!(open["local"], format!("127.0.0.1:{}", a.port));
+    for e in of_type(evs, "data") {
+        assert_eq!(
+            e["fd"], fd,
+            "data on an fd that is not the TCP connection: {e}"
+        );
+    }
+
+    let script = exchange_script();
+    let ins = data(evs, fd, "in");
+    let outs = data(evs, fd, "out");
+    let mut want_in: Vec<u8> = script.iter().flat_map(|s| s.req.clone()).collect();
+    want_in.extend_from_slice(&body);
+    let mut want_out: Vec<u8> = script.iter().flat_map(|s| s.resp.clone()).collect();
+    want_out.extend_from_slice(b"ok");
+    assert_eq!(concat(&ins).len(), want_in.len());
+    assert!(concat(&ins) == want_in, "inbound bytes differ");
+    assert!(concat(&outs) == want_out, "outbound bytes differ");
+    for e in ins.iter().chain(outs.iter()) {
+        assert_eq!(
+            e["ret"].as_u64(),
+            Some(payload(e).len() as u64),
+            "short capture: {e}"
+        );
+    }
+
+    let lens: Vec<usize> = script.iter().map(|s| s.req.len()).collect();
+    let names: Vec<&str> = READERS.iter().map(|r| r.1).collect();
+    check_syscalls(&ins, &lens, &names);
+    let lens: Vec<usize> = script.iter().map(|s| s.resp.len()).collect();
+    let names: Vec<&str> = WRITERS.iter().map(|w| w.1).collect();
+    check_syscalls(&outs, &lens, &names);
+    for (_, name) in READERS.iter().chain(WRITERS.iter()) {
+        assert!(
+            evs.iter().any(|e| e["syscall"] == *name),
+            "no event from {name}"
+        );
+    }
+
+    // The 256 KiB body came in one MSG_WAITALL call: many records, one event.
+    let biggest = ins.iter().map(|e| payload(e).len()).max().unwrap_or(0);
+    assert_eq!(
+        biggest,
+        body.len(),
+        "the 256 KiB read was not reassembled whole"
+    );
+
+    let closes = of_type(evs, "close");
+    assert_eq!(closes.len(), 1);
+    assert_eq!(closes[0]["fd"], fd);
+    assert_eq!(evs.last().unwrap()["type"], "close");
+    assert_monotonic_per_conn(evs);
+    assert_eq!(cap.stats["records_dropped"], 0, "{:?}", cap.stats);
+    assert_eq!(cap.stats["reassembly_gaps"], 0, "{:?}", cap.stats);
+    assert!(
+        cap.stats["conns_untracked"].as_u64() >= Some(1),
+        "the NULL-address unix accept must be untracked: {:?}",
+        cap.stats
+    );
+
+    let mode = std::fs::metadata(&cap_path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "capture files hold prompts: mode must be 0600");
+
+    // capture → replay round trip.
+    let replayed = dir.join("replayed.jsonl");
+    let st = Command::new(tokentap_bin())
+        .arg("replay")
+        .arg(&cap_path)
+        .arg("--events")
+        .arg(&replayed)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    assert_eq!(&tokentap_tests::read_jsonl(&replayed), evs);
+}
+
+#[test]
+fn connections_open_before_start_and_null_address_accepts_are_captured_by_port() {
+    if !require_root("capture preexisting") {
+        return;
+    }
+    let dir = scratch_dir("preexisting");
+    let mut a = peer();
+    let mut early = TcpStream::connect(("127.0.0.1", a.port)).unwrap();
+    let early_fd = accepted_fd(&a.cmd("accept"));
+
+    // --port alone selects the process listening there.
+    let agent = Agent::capture(&["--port", &a.port.to_string()], &dir.join("cap.jsonl"));
+    client_exchange(&mut a, &mut early);
+
+    let mut late = TcpStream::connect(("127.0.0.1", a.port)).unwrap();
+    let late_fd = accepted_fd(&a.cmd("accept-null"));
+    client_exchange(&mut a, &mut late);
+    std::thread::sleep(Duration::from_millis(200));
+    let cap = agent.stop();
+    let evs = &cap.events;
+
+    let opens = of_type(evs, "open");
+    assert_eq!(opens.len(), 2, "{opens:?}");
+    for (o, fd, client) in [(opens[0], early_fd, &early), (opens[1], late_fd, &late)] {
+        assert_eq!(o["fd"], fd);
+        assert_eq!(o["role"], "server");
+        assert_eq!(o["local"], format!("127.0.0.1:{}", a.port));
+        assert_eq!(o["peer"], client.local_addr().unwrap().to_string());
+    }
+    let want: Vec<u8> = exchange_script()
+        .iter()
+        .flat_map(|s| s.req.clone())
+        .collect();
+    assert!(concat(&data(evs, early_fd, "in")) == want);
+    assert!(concat(&data(evs, late_fd, "in")) == want);
+}
+
+#[test]
+fn a_tiny_ring_buffer_counts_drops_instead_of_hanging() {
+    if !require_root("capture tiny ring") {
+        return;
+    }
+    let dir = scratch_dir("tiny-ring");
+    let mut a = peer();
+    let agent = Agent::capture(
+        &["--pid", &a.pid.to_string(), "--ring-buffer-bytes", "4096"],
+        &dir.join("cap.jsonl"),
+    );
+    let mut c = TcpStream::connect(("127.0.0.1", a.port)).unwrap();
+    a.cmd("accept");
+    let n = 20_000usize;
+    let reader = std::thread::spawn(move || {
+        let mut buf = vec![0u8; 1 << 16];
+        let mut got = 0usize;
+        while got < n * 300 {
+            match c.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(k) => got += k,
+            }
+        }
+        got
+    });
+    assert_eq!(a.cmd(&format!("flood {n} 300")), format!("done {n} 0"));
+    assert_eq!(reader.join().unwrap(), n * 300);
+    let cap = agent.stop();
+    assert!(cap.exit_ok);
+    let dropped = cap.stats["records_dropped"].as_u64().unwrap();
+    let sent = cap.stats["records_sent"].as_u64().unwrap();
+    assert!(
+        dropped > 0,
+        "a 4 KiB ring must overflow under {n} writes: {:?}",
+        cap.stats
+    );
+    assert!(sent + dropped >= n as u64, "{:?}", cap.stats);
+    let events = of_type(&cap.events, "data").len() as u64;
+    assert!(events <= sent, "more events than records sent");
+}
+
+#[test]
+fn a_client_that_disconnects_mid_stream_shows_the_negative_return_value() {
+    if !require_root("capture disconnect") {
+        return;
+    }
+    let dir = scratch_dir("disconnect");
+    let mut a = peer();
+    let agent = Agent::capture(&["--pid", &a.pid.to_string()], &dir.join("cap.jsonl"));
+    let mut c = TcpStream::connect(("127.0.0.1", a.port)).unwrap();
+    let fd = accepted_fd(&a.cmd("accept"));
+    a.send("stream 2");
+    let mut buf = [0u8; 2048];
+    let mut got = 0;
+    while got < 1500 {
+        got += c.read(&mut buf).unwrap();
+    }
+    // Abortive close: RST, so the server's next write fails.
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: valid socket and option struct.
+    unsafe {
+        libc::setsockopt(
+            c.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&linger as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as u32,
+        )
+    };
+    drop(c);
+    let reply = a.line(Duration::from_secs(30));
+    let errno: i64 = reply.strip_prefix("done ").unwrap().parse().unwrap();
+    assert!(errno == 32 || errno == 104, "unexpected errno {errno}");
+    std::thread::sleep(Duration::from_millis(100));
+    let cap = agent.stop();
+    let outs = data(&cap.events, fd, "out");
+    let last = outs.last().expect("stream writes captured");
+    assert_eq!(last["ret"].as_i64(), Some(-errno), "{last}");
+    assert!(payload(last).is_empty());
+    assert!(outs.len() >= 5);
+}
+
+#[test]
+fn capture_without_targets_explains_what_to_give() {
+    let out = Command::new(tokentap_bin())
+        .args(["capture", "--out", "/dev/null"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--pid") && err.contains("--port"), "{err}");
+}
