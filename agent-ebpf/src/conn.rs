@@ -18,7 +18,7 @@ use aya_ebpf::{
 
 use crate::{
     ctx::{arg, bump, ret, send},
-    maps::{Pending, ACTIVE, CONNS, TARGETS},
+    maps::{arm, disarm, CONNS, TARGETS},
 };
 
 const EINPROGRESS: i64 = 115;
@@ -35,14 +35,7 @@ fn save(fd: u64, addr: u64, sc: Syscall) -> u32 {
     if !targeted((id >> 32) as u32) {
         return 0;
     }
-    let p = Pending {
-        ptr: addr,
-        len: 0,
-        fd: fd as i32,
-        syscall: sc as u8,
-        _pad: [0; 3],
-    };
-    let _ = ACTIVE.insert(&id, &p, 0);
+    arm(id, addr, 0, fd as i32, sc as u8);
     0
 }
 
@@ -97,16 +90,6 @@ fn track(id: u64, fd: i32, listen_fd: i32, addr_ptr: u64, role: u8, sc: u8) {
     send(&h);
 }
 
-#[inline(always)]
-fn take(id: u64) -> Option<Pending> {
-    // SAFETY: copied out before removal.
-    let p = unsafe { ACTIVE.get(&id) }.copied();
-    if p.is_some() {
-        let _ = ACTIVE.remove(&id);
-    }
-    p
-}
-
 #[tracepoint]
 pub fn sys_enter_accept(ctx: TracePointContext) -> u32 {
     save(arg::<0>(&ctx), arg::<1>(&ctx), Syscall::Accept)
@@ -120,7 +103,7 @@ pub fn sys_enter_accept4(ctx: TracePointContext) -> u32 {
 #[inline(always)]
 fn accept_exit(ctx: &TracePointContext) -> u32 {
     let id = bpf_get_current_pid_tgid();
-    let p = match take(id) {
+    let p = match disarm(id) {
         Some(p) => p,
         None => return 0,
     };
@@ -150,7 +133,7 @@ pub fn sys_enter_connect(ctx: TracePointContext) -> u32 {
 #[tracepoint]
 pub fn sys_exit_connect(ctx: TracePointContext) -> u32 {
     let id = bpf_get_current_pid_tgid();
-    let p = match take(id) {
+    let p = match disarm(id) {
         Some(p) => p,
         None => return 0,
     };

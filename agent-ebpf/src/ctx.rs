@@ -7,7 +7,9 @@
 use agent_ebpf::stat;
 use aya_ebpf::{programs::TracePointContext, EbpfContext};
 
-use crate::maps::{EVENTS, STATS};
+use aya_ebpf::bindings::{BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP};
+
+use crate::maps::{CONFIG, EVENTS, STATS};
 
 /// Offset of the first syscall argument in `sys_enter_*` records and of
 /// `ret` in `sys_exit_*` records (see the tracefs `format` files).
@@ -36,10 +38,31 @@ pub fn bump(index: u32) {
     }
 }
 
+/// Ring-buffer flag: wake the reader on every `Config::wakeup_every`th
+/// record of this CPU, otherwise not (the reader's poll timer picks records
+/// up). Uses only per-CPU state: nothing here touches a cache line the
+/// reader writes.
+#[inline(always)]
+fn wakeup_flag() -> u64 {
+    let every = match CONFIG.get(0) {
+        Some(c) => c.wakeup_every as u64,
+        None => 1,
+    };
+    let sent = match STATS.get(stat::RECORDS_SENT) {
+        Some(v) => *v,
+        None => 0,
+    };
+    if every <= 1 || sent & (every - 1) == every - 1 {
+        BPF_RB_FORCE_WAKEUP as u64
+    } else {
+        BPF_RB_NO_WAKEUP as u64
+    }
+}
+
 /// Copy `v` to the ring buffer, counting it as sent or dropped. Never waits.
 #[inline(always)]
 pub fn send<T: ?Sized>(v: &T) {
-    if EVENTS.output::<T>(v, 0).is_ok() {
+    if EVENTS.output::<T>(v, wakeup_flag()).is_ok() {
         bump(stat::RECORDS_SENT);
     } else {
         bump(stat::RECORDS_DROPPED);

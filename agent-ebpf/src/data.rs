@@ -22,7 +22,7 @@ use aya_ebpf::{
 
 use crate::{
     ctx::{arg, bump, ret, send},
-    maps::{Pending, ACTIVE, CONFIG, CONNS, SCRATCH, TARGETS},
+    maps::{arm, disarm, Pending, CONFIG, CONNS, SCRATCH, TARGETS},
 };
 
 const EAGAIN: i64 = 11;
@@ -60,26 +60,17 @@ fn enter(fd: u64, ptr: u64, len: u64, sc: Syscall) -> u32 {
     if unsafe { CONNS.get(&conn_key(tgid, fd)) }.is_none() {
         return 0;
     }
-    let p = Pending {
-        ptr,
-        len,
-        fd,
-        syscall: sc as u8,
-        _pad: [0; 3],
-    };
-    let _ = ACTIVE.insert(&id, &p, 0);
+    arm(id, ptr, len, fd, sc as u8);
     0
 }
 
 #[inline(always)]
 fn exit(ctx: &TracePointContext) -> u32 {
     let id = bpf_get_current_pid_tgid();
-    // SAFETY: copied out before removal.
-    let p = match unsafe { ACTIVE.get(&id) } {
-        Some(p) => *p,
+    let p = match disarm(id) {
+        Some(p) => p,
         None => return 0,
     };
-    let _ = ACTIVE.remove(&id);
     let r = ret(ctx);
     if r == -EAGAIN {
         return 0;
@@ -130,8 +121,31 @@ fn emit(id: u64, p: &Pending, r: i64) {
     }
     s.hdr.total_len = remaining as u32;
 
+    // Fast path, the common case (an SSE chunk, a small request): one
+    // contiguous buffer that fits one record. No loop, one copy.
+    let sh = shape(p.syscall);
+    if sh == Shape::Flat && remaining <= CHUNK_BYTES as u64 {
+        let mut n = remaining & (2 * CHUNK_BYTES as u64 - 1);
+        if n > CHUNK_BYTES as u64 {
+            n = CHUNK_BYTES as u64;
+        }
+        let rc = unsafe {
+            bpf_probe_read_user(
+                s.buf.as_mut_ptr().cast(),
+                n as u32,
+                p.ptr as *const core::ffi::c_void,
+            )
+        };
+        if rc != 0 {
+            bump(stat::READ_FAULTS);
+            n = 0;
+        }
+        output(s, n);
+        return;
+    }
+
     // Current contiguous user range and the iovec array still to walk.
-    let (cur_ptr, cur_left, iov_base, iov_cnt) = match shape(p.syscall) {
+    let (cur_ptr, cur_left, iov_base, iov_cnt) = match sh {
         Shape::Flat => (p.ptr, remaining, 0u64, 0u64),
         Shape::Vector => (0, 0, p.ptr, p.len),
         Shape::Msg => {

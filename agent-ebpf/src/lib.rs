@@ -13,7 +13,7 @@
 #![no_std]
 
 /// Bumped whenever a layout below changes.
-pub const ABI_VERSION: u32 = 1;
+pub const ABI_VERSION: u32 = 3;
 
 /// Largest payload carried by one record. Larger calls continue in
 /// follow-up records.
@@ -195,6 +195,12 @@ pub struct Config {
     /// Bytes captured at most per syscall (the rest is counted in `ret`).
     pub max_call_bytes: u32,
     pub abi_version: u32,
+    /// Wake the reader on every Nth record of a CPU (a power of two); it
+    /// also polls on a short timer. Waking per record, or asking the ring
+    /// how full it is (a read of the reader's cache line), costs the traced
+    /// process about a microsecond per call on the machines we measured.
+    pub wakeup_every: u32,
+    pub _pad: u32,
 }
 
 impl Default for Config {
@@ -202,6 +208,8 @@ impl Default for Config {
         Self {
             max_call_bytes: DEFAULT_MAX_CALL_BYTES,
             abi_version: ABI_VERSION,
+            wakeup_every: 64,
+            _pad: 0,
         }
     }
 }

@@ -4,7 +4,7 @@
 use agent_ebpf::{stat, Config, ConnState, RecordHeader, CHUNK_BYTES};
 use aya_ebpf::{
     macros::map,
-    maps::{Array, HashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
 };
 
 /// Thread groups whose sockets are captured (value unused).
@@ -16,8 +16,11 @@ pub static TARGETS: HashMap<u32, u8> = HashMap::with_max_entries(4096, 0);
 pub static CONNS: HashMap<u64, ConnState> = HashMap::with_max_entries(65536, 0);
 
 /// Arguments saved at syscall enter, keyed by pid_tgid, consumed at exit.
+/// An entry stays with its thread and is re-armed in place, so the hot
+/// path does inlined lookups instead of update/delete helper calls (each a
+/// locked, indirect call); LRU eviction retires entries of dead threads.
 #[map]
-pub static ACTIVE: HashMap<u64, Pending> = HashMap::with_max_entries(16384, 0);
+pub static ACTIVE: LruHashMap<u64, Pending> = LruHashMap::with_max_entries(16384, 0);
 
 /// Records to userspace.
 #[map]
@@ -43,7 +46,46 @@ pub struct Pending {
     pub len: u64,
     pub fd: i32,
     pub syscall: u8,
-    pub _pad: [u8; 3],
+    /// 1 between enter and exit.
+    pub armed: u8,
+    pub _pad: [u8; 2],
+}
+
+/// Save `p` for this thread's syscall exit.
+#[inline(always)]
+pub fn arm(id: u64, ptr: u64, len: u64, fd: i32, syscall: u8) {
+    if let Some(slot) = ACTIVE.get_ptr_mut(&id) {
+        // SAFETY: map value owned by this thread's key; written in place.
+        let slot = unsafe { &mut *slot };
+        slot.ptr = ptr;
+        slot.len = len;
+        slot.fd = fd;
+        slot.syscall = syscall;
+        slot.armed = 1;
+        return;
+    }
+    let p = Pending {
+        ptr,
+        len,
+        fd,
+        syscall,
+        armed: 1,
+        _pad: [0; 2],
+    };
+    let _ = ACTIVE.insert(&id, &p, 0);
+}
+
+/// What this thread's syscall enter saved, if anything (disarms it).
+#[inline(always)]
+pub fn disarm(id: u64) -> Option<Pending> {
+    let slot = ACTIVE.get_ptr_mut(&id)?;
+    // SAFETY: as above.
+    let slot = unsafe { &mut *slot };
+    if slot.armed == 0 {
+        return None;
+    }
+    slot.armed = 0;
+    Some(*slot)
 }
 
 #[repr(C)]

@@ -40,6 +40,13 @@ enum Cmd {
     ///
     /// Malformed lines are reported with their line number and skipped.
     Replay(ReplayArgs),
+    /// Benchmark helper: attach only the reference "floor" programs (one
+    /// map lookup on write enter/exit) for SECS seconds.
+    #[command(hide = true)]
+    Floor {
+        #[arg(long, value_name = "SECS", default_value_t = 10.0)]
+        duration: f64,
+    },
 }
 
 #[derive(Args)]
@@ -105,6 +112,7 @@ fn main() -> ExitCode {
         match cli.cmd {
             Cmd::Capture(a) => capture(a).await,
             Cmd::Replay(a) => replay(a).await,
+            Cmd::Floor { duration } => floor(duration).await,
         }
     });
     match res {
@@ -196,6 +204,16 @@ async fn capture(a: CaptureArgs) -> Result<()> {
             writer.events,
             serde_json::to_string(&st).unwrap_or_default()
         );
+    }
+    Ok(())
+}
+
+async fn floor(secs: f64) -> Result<()> {
+    let _ebpf = tokentap::capture::attach_floor()?;
+    eprintln!("tokentap: floor programs attached; ready");
+    tokio::select! {
+        _ = tokio::time::sleep(Duration::from_secs_f64(secs.max(0.0))) => {},
+        _ = shutdown_signal() => {},
     }
     Ok(())
 }

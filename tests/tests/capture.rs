@@ -337,7 +337,12 @@ fn a_client_that_disconnects_mid_stream_shows_the_negative_return_value() {
     std::thread::sleep(Duration::from_millis(100));
     let cap = agent.stop();
     let outs = data(&cap.events, fd, "out");
-    let last = outs.last().expect("stream writes captured");
+    let last = outs.last().unwrap_or_else(|| {
+        panic!(
+            "no stream writes captured: stats {:?}, events {:?}, stderr {:?}",
+            cap.stats, cap.events, cap.stderr
+        )
+    });
     assert_eq!(last["ret"].as_i64(), Some(-errno), "{last}");
     assert!(payload(last).is_empty());
     assert!(outs.len() >= 5);

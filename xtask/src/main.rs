@@ -52,6 +52,9 @@ enum Cmd {
         /// Seconds per measurement.
         #[arg(long, default_value_t = 3.0)]
         secs: f64,
+        /// Rounds per condition (the median is reported).
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
     },
 }
 
@@ -62,7 +65,11 @@ fn main() -> ExitCode {
         Cmd::Build { release } => build(release),
         Cmd::Run { args } => run(args),
         Cmd::Test { args } => test(args),
-        Cmd::Bench { which, secs } => bench::run(&which, secs),
+        Cmd::Bench {
+            which,
+            secs,
+            rounds,
+        } => bench::run(&which, secs, rounds),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

@@ -11,6 +11,7 @@
 pub mod clock;
 pub mod procfs;
 pub mod reassemble;
+pub mod sockfd;
 
 use std::{
     collections::{HashMap as StdHashMap, HashSet},
@@ -35,12 +36,16 @@ use self::{
     clock::ClockOffset,
     procfs::{FdKind, TcpEntry},
     reassemble::Reassembler,
+    sockfd::SockFds,
 };
 use crate::event::{CloseEvent, DataEvent, Dir, OpenEvent, Role, SocketEvent};
 
 /// The compiled kernel programs (empty when built without `cargo xtask`).
 static EBPF_OBJECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tokentap-ebpf.o"));
+
+/// How often the ring buffer is drained when the kernel has not woken us.
+pub const POLL_INTERVAL: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// Map update flag: fail if the key exists.
 const BPF_NOEXIST: u64 = 1;
@@ -79,6 +84,19 @@ impl Default for CaptureOptions {
 }
 
 /// Counters of what the capture saw and lost.
+#[cfg(test)]
+mod tests {
+    use super::wakeup_every;
+
+    #[test]
+    fn wakeup_interval_is_a_power_of_two_that_fits_small_rings() {
+        assert_eq!(wakeup_every(16 << 20), 64);
+        assert_eq!(wakeup_every(4096), 2);
+        assert_eq!(wakeup_every(8192), 4);
+        assert_eq!(wakeup_every(1 << 12 >> 1), 1);
+    }
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct CaptureStats {
     /// Records the kernel wrote to the ring buffer.
@@ -155,6 +173,67 @@ fn attach_point(name: &str) -> Option<(&'static str, &str)> {
     }
 }
 
+/// Records per CPU between forced reader wake-ups: 64, or fewer so that
+/// a quarter of a small ring buffer is never exceeded by SSE-sized records.
+fn wakeup_every(ring_bytes: u32) -> u32 {
+    let fit = (ring_bytes / 4 / 512).clamp(1, 64);
+    1 << (31 - fit.leading_zeros())
+}
+
+/// Checks the embedded object, mounts tracefs if needed, loads the object.
+fn load_object(ring_bytes: u32, max_conns: u32) -> Result<Ebpf> {
+    if EBPF_OBJECT.is_empty() {
+        bail!(
+            "this tokentap binary was built without its eBPF programs.\n\
+             Build it with `cargo xtask build` (or run it with `cargo xtask run -- …`)."
+        );
+    }
+    ensure_tracefs()?;
+    raise_memlock();
+    EbpfLoader::new()
+        .map_max_entries("EVENTS", ring_bytes)
+        .map_max_entries("CONNS", max_conns)
+        .load(EBPF_OBJECT)
+        .map_err(|e| anyhow::anyhow!(e))
+        .context(
+            "loading the eBPF object failed: tokentap needs root \
+             (or CAP_BPF + CAP_PERFMON) and a kernel with BTF and ring buffers (5.8+)",
+        )
+}
+
+/// Loads and attaches every program `place` gives an attach point.
+fn attach_programs(
+    ebpf: &mut Ebpf,
+    place: impl Fn(&str) -> Option<(&'static str, &str)>,
+) -> Result<()> {
+    let names: Vec<String> = ebpf.programs().map(|(n, _)| n.to_string()).collect();
+    for name in &names {
+        let Some((category, tp)) = place(name) else {
+            continue;
+        };
+        let prog: &mut TracePoint = ebpf
+            .program_mut(name)
+            .context("program vanished")?
+            .try_into()?;
+        prog.load()
+            .map_err(|e| anyhow::anyhow!("{e:?}"))
+            .with_context(|| format!("the kernel verifier rejected {name}"))?;
+        prog.attach(category, tp)
+            .with_context(|| format!("attaching {name} to {category}/{tp}"))?;
+    }
+    Ok(())
+}
+
+/// Attaches only the benchmark's reference programs (one map lookup on
+/// write enter/exit). Keep the returned object alive while measuring.
+pub fn attach_floor() -> Result<Ebpf> {
+    let mut ebpf = load_object(4096, 1024)?;
+    attach_programs(&mut ebpf, |name| {
+        name.strip_prefix("floor_").map(|tp| ("syscalls", tp))
+    })?;
+    Ok(ebpf)
+}
+
 /// Userspace state the record handler mutates (kept apart from the ring
 /// buffer so both can be borrowed at once).
 struct State {
@@ -168,7 +247,9 @@ struct State {
     /// Connections found not to be TCP / not selected: their stray
     /// records (sent before we untracked them) are dropped.
     ignored: HashSet<(u32, i32)>,
-    /// TCP tables read during the current batch, per pid.
+    /// Direct socket queries (pidfd_getfd).
+    sockfds: SockFds,
+    /// TCP tables read during the current batch, per pid (fallback).
     tables: StdHashMap<u32, Vec<TcpEntry>>,
     target_pids: HashSet<u32>,
     ports: Vec<u16>,
@@ -192,12 +273,6 @@ impl Capture {
     /// connections that are already open. Needs root (CAP_BPF, CAP_PERFMON,
     /// and CAP_SYS_ADMIN to mount tracefs).
     pub fn start(opts: &CaptureOptions) -> Result<Self> {
-        if EBPF_OBJECT.is_empty() {
-            bail!(
-                "this tokentap binary was built without its eBPF programs.\n\
-                 Build it with `cargo xtask build` (or run it with `cargo xtask run -- …`)."
-            );
-        }
         if !opts.ring_bytes.is_power_of_two() || opts.ring_bytes < 4096 {
             bail!(
                 "--ring-buffer-bytes must be a power of two of at least 4096, got {}",
@@ -223,18 +298,7 @@ impl Capture {
             }
         }
 
-        ensure_tracefs()?;
-        raise_memlock();
-        let mut ebpf = EbpfLoader::new()
-            .map_max_entries("EVENTS", opts.ring_bytes)
-            .map_max_entries("CONNS", opts.max_conns)
-            .load(EBPF_OBJECT)
-            .map_err(|e| anyhow::anyhow!(e))
-            .context(
-                "loading the eBPF object failed: tokentap needs root \
-                 (or CAP_BPF + CAP_PERFMON) and a kernel with BTF and ring buffers (5.8+)",
-            )?;
-
+        let mut ebpf = load_object(opts.ring_bytes, opts.max_conns)?;
         let mut config: Array<MapData, Config> =
             Array::try_from(ebpf.take_map("CONFIG").context("CONFIG map missing")?)?;
         config.set(
@@ -242,25 +306,12 @@ impl Capture {
             Config {
                 max_call_bytes: max_call,
                 abi_version: ABI_VERSION,
+                wakeup_every: wakeup_every(opts.ring_bytes),
+                _pad: 0,
             },
             0,
         )?;
-
-        let names: Vec<String> = ebpf.programs().map(|(n, _)| n.to_string()).collect();
-        for name in &names {
-            let Some((category, tp)) = attach_point(name) else {
-                continue;
-            };
-            let prog: &mut TracePoint = ebpf
-                .program_mut(name)
-                .context("program vanished")?
-                .try_into()?;
-            prog.load()
-                .map_err(|e| anyhow::anyhow!("{e:?}"))
-                .with_context(|| format!("the kernel verifier rejected {name}"))?;
-            prog.attach(category, tp)
-                .with_context(|| format!("attaching {name} to {category}/{tp}"))?;
-        }
+        attach_programs(&mut ebpf, attach_point)?;
 
         let targets = HashMap::try_from(ebpf.take_map("TARGETS").context("TARGETS map missing")?)?;
         let conns = HashMap::try_from(ebpf.take_map("CONNS").context("CONNS map missing")?)?;
@@ -284,6 +335,7 @@ impl Capture {
             reasm: Reassembler::default(),
             open: StdHashMap::new(),
             ignored: HashSet::new(),
+            sockfds: SockFds::default(),
             tables: StdHashMap::new(),
             target_pids: HashSet::new(),
             ports: opts.ports.clone(),
@@ -322,15 +374,23 @@ impl Capture {
         }
     }
 
-    /// Waits until the ring buffer has records, then converts all of them.
+    /// Waits until the kernel wakes us or the poll interval passes, then
+    /// converts every record in the ring buffer. The kernel side wakes the
+    /// reader only every `Config::wakeup_every` records per CPU, so the
+    /// poll timer is what picks up a trickle of records.
     pub async fn next_events(&mut self, out: &mut Vec<SocketEvent>) -> Result<()> {
-        let mut guard = self.ring.readable_mut().await?;
-        let ring = guard.get_inner_mut();
-        self.st.tables.clear();
-        while let Some(item) = ring.next() {
-            self.st.handle(&item, out);
+        match tokio::time::timeout(POLL_INTERVAL, self.ring.readable_mut()).await {
+            Ok(guard) => {
+                let mut guard = guard?;
+                let ring = guard.get_inner_mut();
+                self.st.tables.clear();
+                while let Some(item) = ring.next() {
+                    self.st.handle(&item, out);
+                }
+                guard.clear_ready();
+            }
+            Err(_) => self.drain(out),
         }
-        guard.clear_ready();
         Ok(())
     }
 
@@ -462,6 +522,9 @@ impl State {
     }
 
     fn classify(&mut self, pid: u32, fd: i32) -> FdKind {
+        if let Some(kind) = self.sockfds.classify(pid, fd) {
+            return kind;
+        }
         let root = self.proc_root.clone();
         let kind = procfs::classify_fd(&root, pid, fd, self.table(pid, false));
         if kind == FdKind::NotTcp {
@@ -509,7 +572,7 @@ impl State {
             Role::Server
         };
         let (local, peer) = match self.classify(pid, fd) {
-            FdKind::Tcp(e) => (Some(e.local), Some(e.peer)),
+            FdKind::Tcp { local, peer } => (Some(local), peer.or_else(|| peer_from_header(h))),
             FdKind::NotTcp => {
                 self.untrack(pid, fd);
                 return;
@@ -517,7 +580,7 @@ impl State {
             // The connection closed before we looked. An accepted one can
             // still be judged by its listening socket, which outlives it.
             FdKind::Unknown => match self.listener(pid, h.offset as i32, h.syscall) {
-                Some(FdKind::Tcp(l)) => (Some(l.local), peer_from_header(h)),
+                Some(FdKind::Tcp { local, .. }) => (Some(local), peer_from_header(h)),
                 Some(FdKind::NotTcp) => {
                     self.untrack(pid, fd);
                     return;
@@ -546,6 +609,7 @@ impl State {
         let pid = h.tgid;
         let _ = self.targets.remove(&pid);
         self.target_pids.remove(&pid);
+        self.sockfds.forget(pid);
         let mut fds: Vec<i32> = self
             .open
             .keys()

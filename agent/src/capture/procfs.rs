@@ -116,8 +116,11 @@ fn parse_addr(s: &str, v6: bool) -> Option<SocketAddr> {
 /// What /proc knows about one fd of a process.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum FdKind {
-    /// A TCP socket with these addresses.
-    Tcp(TcpEntry),
+    /// A TCP socket with these addresses (no peer: a listener).
+    Tcp {
+        local: SocketAddr,
+        peer: Option<SocketAddr>,
+    },
     /// A socket that is not TCP (unix, UDP, netlink …), or not a socket.
     NotTcp,
     /// The fd is gone (closed before we looked) or /proc is unreadable.
@@ -134,7 +137,10 @@ pub fn classify_fd(proc_root: &Path, pid: u32, fd: i32, table: &[TcpEntry]) -> F
         return FdKind::NotTcp;
     };
     match table.iter().find(|e| e.inode == inode) {
-        Some(e) => FdKind::Tcp(e.clone()),
+        Some(e) => FdKind::Tcp {
+            local: e.local,
+            peer: (e.state != TCP_LISTEN).then_some(e.peer),
+        },
         None => FdKind::NotTcp,
     }
 }

@@ -1,0 +1,147 @@
+//! Workload for `cargo xtask bench capture`. Prints `ready PID`, waits for
+//! a `go` line on stdin, runs, prints one JSON line with what it measured
+//! on its writing thread: `{"writes":N,"wall_s":W,"cpu_s":C}`.
+//!
+//! Modes:
+//!   tcp SECS [RATE]  300-byte write()s to a loopback TCP connection (a
+//!                    reader thread drains it), as fast as possible or
+//!                    paced at RATE writes/s (in 1 ms batches)
+//!   pipe SECS        16-byte write()s to a pipe (drained by the same thread)
+//!   idle             do nothing until stdin closes (a harmless target)
+
+use std::{
+    io::{BufRead, Read, Write},
+    net::{TcpListener, TcpStream},
+    os::fd::AsRawFd,
+    time::{Duration, Instant},
+};
+
+fn thread_cpu_s() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid timespec pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
+fn wait_go() {
+    let mut line = String::new();
+    std::io::stdin().lock().read_line(&mut line).ok();
+}
+
+/// Writes `chunk` to `fd` for `secs`, optionally paced; returns (writes, wall, cpu).
+fn write_loop(fd: i32, chunk: &[u8], secs: f64, rate: Option<f64>) -> (u64, f64, f64) {
+    let start = Instant::now();
+    let cpu0 = thread_cpu_s();
+    let end = start + Duration::from_secs_f64(secs);
+    let mut n = 0u64;
+    let one = |n: &mut u64| {
+        // SAFETY: valid buffer.
+        let r = unsafe { libc::write(fd, chunk.as_ptr().cast(), chunk.len()) };
+        if r > 0 {
+            *n += 1;
+        }
+    };
+    match rate {
+        None => {
+            while Instant::now() < end {
+                for _ in 0..64 {
+                    one(&mut n);
+                }
+            }
+        }
+        Some(rate) => {
+            let per_ms = rate / 1000.0;
+            let mut due = 0.0f64;
+            let mut tick = start;
+            while tick < end {
+                due += per_ms;
+                while (n as f64) < due {
+                    one(&mut n);
+                }
+                tick += Duration::from_millis(1);
+                let now = Instant::now();
+                if tick > now {
+                    std::thread::sleep(tick - now);
+                }
+            }
+        }
+    }
+    (n, start.elapsed().as_secs_f64(), thread_cpu_s() - cpu0)
+}
+
+fn report(writes: u64, wall: f64, cpu: f64) {
+    println!("{{\"writes\":{writes},\"wall_s\":{wall:.6},\"cpu_s\":{cpu:.6}}}");
+    std::io::stdout().flush().ok();
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let arg = |i: usize| args.get(i).map(String::as_str);
+    match arg(0) {
+        Some("tcp") => {
+            let secs: f64 = arg(1).and_then(|s| s.parse().ok()).unwrap_or(3.0);
+            let rate: Option<f64> = arg(2).and_then(|s| s.parse().ok());
+            let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+            let port = l.local_addr().expect("addr").port();
+            let reader = std::thread::spawn(move || {
+                let mut c = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+                let mut buf = vec![0u8; 1 << 16];
+                while let Ok(k) = c.read(&mut buf) {
+                    if k == 0 {
+                        break;
+                    }
+                }
+            });
+            let (conn, _) = l.accept().expect("accept");
+            println!("ready {}", std::process::id());
+            std::io::stdout().flush().ok();
+            wait_go();
+            let (n, wall, cpu) = write_loop(conn.as_raw_fd(), &[b'x'; 300], secs, rate);
+            drop(conn);
+            reader.join().ok();
+            report(n, wall, cpu);
+        }
+        Some("pipe") => {
+            // No reader thread: the writer fills the pipe with 16-byte
+            // writes and drains it itself with one large read every 2048
+            // writes, so no wake-ups or scheduling enter the measurement.
+            let secs: f64 = arg(1).and_then(|s| s.parse().ok()).unwrap_or(3.0);
+            let mut p = [0i32; 2];
+            // SAFETY: valid array.
+            assert_eq!(unsafe { libc::pipe(p.as_mut_ptr()) }, 0);
+            println!("ready {}", std::process::id());
+            std::io::stdout().flush().ok();
+            wait_go();
+            let chunk = [b'y'; 16];
+            let mut buf = vec![0u8; 2048 * 16];
+            let start = Instant::now();
+            let cpu0 = thread_cpu_s();
+            let end = start + Duration::from_secs_f64(secs);
+            let mut n = 0u64;
+            while Instant::now() < end {
+                for _ in 0..2048 {
+                    // SAFETY: valid buffers and fds.
+                    if unsafe { libc::write(p[1], chunk.as_ptr().cast(), 16) } == 16 {
+                        n += 1;
+                    }
+                }
+                // SAFETY: as above.
+                unsafe { libc::read(p[0], buf.as_mut_ptr().cast(), buf.len()) };
+            }
+            report(n, start.elapsed().as_secs_f64(), thread_cpu_s() - cpu0);
+        }
+        Some("idle") => {
+            println!("ready {}", std::process::id());
+            std::io::stdout().flush().ok();
+            let mut sink = String::new();
+            std::io::stdin().lock().read_to_string(&mut sink).ok();
+        }
+        _ => {
+            eprintln!("usage: benchpeer tcp SECS [RATE] | pipe SECS | idle");
+            std::process::exit(2);
+        }
+    }
+}
