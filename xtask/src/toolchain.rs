@@ -10,6 +10,9 @@ use anyhow::{bail, Context, Result};
 
 use crate::util::{output, root, run};
 
+/// The bpf-linker release known to work with this nightly (LLVM 22).
+const BPF_LINKER_VERSION: &str = "=0.13.0";
+
 pub struct Toolchain {
     /// Directory holding `bpf-linker`.
     pub bin_dir: PathBuf,
@@ -77,7 +80,7 @@ pub fn ensure() -> Result<Toolchain> {
     let bin_dir = tools.join("bin");
     let linker = bin_dir.join("bpf-linker");
     let stamp = tools.join("bpf-linker.stamp");
-    let want = format!("nightly {commit} llvm {llvm_major}");
+    let want = format!("nightly {commit} llvm {llvm_major} bpf-linker {BPF_LINKER_VERSION}");
     let tc = Toolchain {
         bin_dir: bin_dir.clone(),
         llvm_lib_dir: lib_dir.clone(),
@@ -100,7 +103,7 @@ pub fn ensure() -> Result<Toolchain> {
     let mut cmd = Command::new("cargo");
     cmd.args(["install", "--locked", "--force", "--root"])
         .arg(&tools)
-        .args(["bpf-linker", "--no-default-features", "--features"])
+        .args(["bpf-linker", "--version", BPF_LINKER_VERSION, "--no-default-features", "--features"])
         .arg(format!("llvm-{llvm_major}"))
         .env("LLVM_PREFIX", &prefix);
     if let Err(e) = run(&mut cmd) {
