@@ -6,5 +6,7 @@
 
 pub mod capfile;
 pub mod capture;
+pub mod decode;
 pub mod event;
+pub mod requests;
 pub mod source;

@@ -6,6 +6,8 @@ use anyhow::{bail, Result};
 use clap::{Args, Parser, Subcommand};
 use tokentap::{
     capfile::Writer,
+    decode::Decoder,
+    requests::RequestLog,
     capture::{Capture, CaptureOptions},
     event::SocketEvent,
     source::EventSource,
@@ -93,6 +95,10 @@ struct ReplayArgs {
     /// Write the events read, normalised, as JSON Lines ("-" for stdout).
     #[arg(long, value_name = "PATH")]
     events: Option<PathBuf>,
+    /// Decode the events and write one JSON object per finished LLM
+    /// request ("-" for stdout). Keys: see docs/metrics.md.
+    #[arg(long, value_name = "PATH")]
+    requests_log: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -224,6 +230,12 @@ async fn replay(a: ReplayArgs) -> Result<()> {
         Some(p) => Some(Writer::create(p)?),
         None => None,
     };
+    let mut log = match &a.requests_log {
+        Some(p) => Some(RequestLog::create(p)?),
+        None => None,
+    };
+    let mut decoder = Decoder::new();
+    let mut records = Vec::new();
     let mut batch = Vec::new();
     let mut n = 0u64;
     loop {
@@ -234,6 +246,17 @@ async fn replay(a: ReplayArgs) -> Result<()> {
                 w.write(ev)?;
             }
         }
+        if let Some(l) = log.as_mut() {
+            for ev in &batch {
+                decoder.on_event(ev, &mut records);
+            }
+            if !more {
+                decoder.finish(&mut records);
+            }
+            for r in records.drain(..) {
+                l.write(&r)?;
+            }
+        }
         batch.clear();
         if !more {
             break;
@@ -241,6 +264,14 @@ async fn replay(a: ReplayArgs) -> Result<()> {
     }
     if let Some(w) = writer.as_mut() {
         w.flush()?;
+    }
+    if let Some(l) = log.as_mut() {
+        l.flush()?;
+        eprintln!(
+            "tokentap: {} requests decoded; decode stats {}",
+            l.records,
+            serde_json::to_string(&decoder.stats).unwrap_or_default()
+        );
     }
     for b in src.bad_lines() {
         eprintln!(
