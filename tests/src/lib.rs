@@ -15,6 +15,8 @@ use std::{
 
 use serde_json::Value;
 
+pub mod transcript;
+
 /// One ping-pong step of the `exchange` script: the request the client
 /// sends, the syscall the server reads it with, the response and the
 /// syscall the server writes it with.
