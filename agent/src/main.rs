@@ -6,10 +6,10 @@ use anyhow::{bail, Result};
 use clap::{Args, Parser, Subcommand};
 use tokentap::{
     capfile::Writer,
-    decode::Decoder,
-    requests::RequestLog,
     capture::{Capture, CaptureOptions},
+    decode::Decoder,
     event::SocketEvent,
+    requests::RequestLog,
     source::EventSource,
 };
 

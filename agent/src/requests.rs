@@ -242,9 +242,11 @@ impl Exchange {
             _ if self.stream && self.content_events > 0 => Some(self.content_events),
             _ => None,
         };
-        let in_tokens = self
-            .input_tokens
-            .or_else(|| (self.format != Format::Unknown).then_some(self.request.prompt_chars.map(estimate_tokens)).flatten());
+        let in_tokens = self.input_tokens.or_else(|| {
+            (self.format != Format::Unknown)
+                .then_some(self.request.prompt_chars.map(estimate_tokens))
+                .flatten()
+        });
         let tokens_exact = self.input_tokens.is_some()
             && (exact_out.is_some() || self.format == Format::OpenAiEmbeddings);
         let ttft_s = if self.stream && ok {
@@ -252,8 +254,15 @@ impl Exchange {
         } else {
             None
         };
-        let tpot_s = match (self.stream, self.first_content_ns, self.last_content_ns, out_tokens) {
-            (true, Some(t1), Some(tn), Some(n)) if n > 1 && ok => Some(secs(tn.saturating_sub(t1)) / (n - 1) as f64),
+        let tpot_s = match (
+            self.stream,
+            self.first_content_ns,
+            self.last_content_ns,
+            out_tokens,
+        ) {
+            (true, Some(t1), Some(tn), Some(n)) if n > 1 && ok => {
+                Some(secs(tn.saturating_sub(t1)) / (n - 1) as f64)
+            }
             _ => None,
         };
         let reasoning_first = matches!((self.first_reasoning_ns, self.first_answer_ns), (Some(r), a) if a.is_none_or(|a| r < a));
@@ -285,7 +294,11 @@ impl Exchange {
             } else {
                 None
             },
-            ttft_answer_s: if ttft_s.is_some() { self.first_answer_ns.map(since_t0) } else { None },
+            ttft_answer_s: if ttft_s.is_some() {
+                self.first_answer_ns.map(since_t0)
+            } else {
+                None
+            },
             t0_ns: self.t0_ns,
             chunk_gaps_s: self.gaps,
         }
@@ -298,7 +311,10 @@ mod tests {
 
     #[test]
     fn rfc3339_is_utc_with_micros() {
-        assert_eq!(rfc3339(1_700_000_000_123_456_789), "2023-11-14T22:13:20.123456Z");
+        assert_eq!(
+            rfc3339(1_700_000_000_123_456_789),
+            "2023-11-14T22:13:20.123456Z"
+        );
     }
 
     fn content(c: Content) -> EventInfo {
@@ -311,14 +327,29 @@ mod tests {
 
     #[test]
     fn ttft_tpot_and_gaps_follow_the_definitions() {
-        let mut x = Exchange::new(1, 1, Some(80), None, "POST", "/v1/chat/completions", 1_000_000_000);
+        let mut x = Exchange::new(
+            1,
+            1,
+            Some(80),
+            None,
+            "POST",
+            "/v1/chat/completions",
+            1_000_000_000,
+        );
         x.status = Some(200);
         x.stream = true;
         x.on_stream_event(1_100_000_000, content(Content::None)); // role-only
         x.on_stream_event(1_200_000_000, content(Content::Answer));
         x.on_stream_event(1_200_000_000, content(Content::Answer)); // same write
         x.on_stream_event(1_250_000_000, content(Content::Answer));
-        x.on_stream_event(1_300_000_000, EventInfo { input_tokens: Some(5), output_tokens: Some(5), ..EventInfo::default() });
+        x.on_stream_event(
+            1_300_000_000,
+            EventInfo {
+                input_tokens: Some(5),
+                output_tokens: Some(5),
+                ..EventInfo::default()
+            },
+        );
         x.last_response_byte_ns = Some(1_310_000_000);
         let r = x.finish(1_310_000_000, None);
         assert!((r.ttft_s.unwrap() - 0.2).abs() < 1e-9);

@@ -40,7 +40,12 @@ fn head(first: &str, headers: Option<&Value>, extra: &[(String, String)]) -> Str
     let mut s = format!("{first}\r\n");
     if let Some(Value::Object(h)) = headers {
         for (k, v) in h {
-            s += &format!("{k}: {}\r\n", v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string()));
+            s += &format!(
+                "{k}: {}\r\n",
+                v.as_str()
+                    .map(str::to_string)
+                    .unwrap_or_else(|| v.to_string())
+            );
         }
     }
     for (k, v) in extra {
@@ -63,8 +68,20 @@ pub fn events(t: &Transcript) -> Vec<SocketEvent> {
         pid: PID,
         fd: FD,
         role: Role::Server,
-        local: Some(t.local.as_deref().unwrap_or("127.0.0.1:8000").parse::<SocketAddr>().unwrap()),
-        peer: Some(t.peer.as_deref().unwrap_or("127.0.0.1:50000").parse::<SocketAddr>().unwrap()),
+        local: Some(
+            t.local
+                .as_deref()
+                .unwrap_or("127.0.0.1:8000")
+                .parse::<SocketAddr>()
+                .unwrap(),
+        ),
+        peer: Some(
+            t.peer
+                .as_deref()
+                .unwrap_or("127.0.0.1:50000")
+                .parse::<SocketAddr>()
+                .unwrap(),
+        ),
     })];
     let mut chunked = false;
     let data = |ts: u64, dir: Dir, bytes: Vec<u8>, ret: Option<i64>| {
@@ -87,7 +104,10 @@ pub fn events(t: &Transcript) -> Vec<SocketEvent> {
         }
     };
     for step in &t.steps {
-        let t_ms = step.get("t_ms").and_then(Value::as_f64).expect("every step has t_ms");
+        let t_ms = step
+            .get("t_ms")
+            .and_then(Value::as_f64)
+            .expect("every step has t_ms");
         let ts = BASE_NS + (t_ms * 1e6).round() as u64;
         let (kind, v) = step
             .iter()
@@ -120,20 +140,47 @@ pub fn events(t: &Transcript) -> Vec<SocketEvent> {
                 } else if let Some(b) = &body {
                     extra.push(("Content-Length".to_string(), b.len().to_string()));
                 }
-                let line = format!("HTTP/1.1 {} X", o.get("status").and_then(Value::as_u64).unwrap_or(200));
+                let line = format!(
+                    "HTTP/1.1 {} X",
+                    o.get("status").and_then(Value::as_u64).unwrap_or(200)
+                );
                 let mut bytes = head(&line, o.get("headers"), &extra).into_bytes();
                 bytes.extend(body.unwrap_or_default().into_bytes());
                 out.push(data(ts, Dir::Out, bytes, None));
             }
-            "sse" => out.push(data(ts, Dir::Out, frame(chunked, format!("data: {v}\n\n")), None)),
-            "sse_raw" => out.push(data(ts, Dir::Out, frame(chunked, v.as_str().expect("sse_raw text").to_string()), None)),
+            "sse" => out.push(data(
+                ts,
+                Dir::Out,
+                frame(chunked, format!("data: {v}\n\n")),
+                None,
+            )),
+            "sse_raw" => out.push(data(
+                ts,
+                Dir::Out,
+                frame(chunked, v.as_str().expect("sse_raw text").to_string()),
+                None,
+            )),
             "ndjson" => out.push(data(ts, Dir::Out, frame(chunked, format!("{v}\n")), None)),
             "end" => out.push(data(ts, Dir::Out, b"0\r\n\r\n".to_vec(), None)),
-            "raw_in" => out.push(data(ts, Dir::In, v.as_str().expect("raw_in text").as_bytes().to_vec(), None)),
-            "raw_out" => out.push(data(ts, Dir::Out, v.as_str().expect("raw_out text").as_bytes().to_vec(), None)),
+            "raw_in" => out.push(data(
+                ts,
+                Dir::In,
+                v.as_str().expect("raw_in text").as_bytes().to_vec(),
+                None,
+            )),
+            "raw_out" => out.push(data(
+                ts,
+                Dir::Out,
+                v.as_str().expect("raw_out text").as_bytes().to_vec(),
+                None,
+            )),
             "write_error" => out.push(data(ts, Dir::Out, vec![], Some(v.as_i64().expect("errno")))),
             "read_eof" => out.push(data(ts, Dir::In, vec![], Some(0))),
-            "close" => out.push(SocketEvent::Close(CloseEvent { ts_ns: ts, pid: PID, fd: FD })),
+            "close" => out.push(SocketEvent::Close(CloseEvent {
+                ts_ns: ts,
+                pid: PID,
+                fd: FD,
+            })),
             other => panic!("unknown step kind {other:?}"),
         }
     }

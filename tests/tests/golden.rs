@@ -32,7 +32,11 @@ fn check(name: &str, t: &Transcript) -> Vec<String> {
     d.finish(&mut recs);
     let mut problems = vec![];
     if recs.len() != t.expect.len() {
-        problems.push(format!("{name}: {} records, expected {}: {recs:#?}", recs.len(), t.expect.len()));
+        problems.push(format!(
+            "{name}: {} records, expected {}: {recs:#?}",
+            recs.len(),
+            t.expect.len()
+        ));
         return problems;
     }
     for (i, (r, want)) in recs.iter().zip(&t.expect).enumerate() {
@@ -44,7 +48,9 @@ fn check(name: &str, t: &Transcript) -> Vec<String> {
         for k in keys {
             match (g.get(k), w.get(k)) {
                 (Some(a), Some(b)) if same(a, b) => {}
-                (a, b) => problems.push(format!("{name} record {i} field {k}: got {a:?}, expected {b:?}")),
+                (a, b) => problems.push(format!(
+                    "{name} record {i} field {k}: got {a:?}, expected {b:?}"
+                )),
             }
         }
     }
@@ -73,7 +79,11 @@ fn every_golden_transcript_decodes_to_its_expected_records() {
 
 #[test]
 fn golden_transcripts_decode_the_same_when_every_event_is_split_in_two() {
-    for f in std::fs::read_dir(golden_dir()).unwrap().flatten().map(|e| e.path()) {
+    for f in std::fs::read_dir(golden_dir())
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+    {
         if f.extension().is_none_or(|e| e != "json") {
             continue;
         }

@@ -103,7 +103,13 @@ pub fn ensure() -> Result<Toolchain> {
     let mut cmd = Command::new("cargo");
     cmd.args(["install", "--locked", "--force", "--root"])
         .arg(&tools)
-        .args(["bpf-linker", "--version", BPF_LINKER_VERSION, "--no-default-features", "--features"])
+        .args([
+            "bpf-linker",
+            "--version",
+            BPF_LINKER_VERSION,
+            "--no-default-features",
+            "--features",
+        ])
         .arg(format!("llvm-{llvm_major}"))
         .env("LLVM_PREFIX", &prefix);
     if let Err(e) = run(&mut cmd) {

@@ -71,7 +71,11 @@ impl Chunked {
     /// Consumes from `input`, passing chunk payload to `sink`. Returns how
     /// many bytes were consumed (less than `input.len()` only when the
     /// message ended).
-    pub fn feed(&mut self, input: &[u8], sink: &mut dyn FnMut(&[u8])) -> Result<usize, ChunkedError> {
+    pub fn feed(
+        &mut self,
+        input: &[u8],
+        sink: &mut dyn FnMut(&[u8]),
+    ) -> Result<usize, ChunkedError> {
         let mut i = 0;
         while i < input.len() {
             match self.st {

@@ -24,8 +24,14 @@ pub enum Format {
 
 impl Format {
     pub fn from_path(path: &str) -> Format {
-        let p = path.split(['?', '#']).next().unwrap_or("").trim_end_matches('/');
-        if p.starts_with("/v2/models/") && (p.ends_with("/generate") || p.ends_with("/generate_stream")) {
+        let p = path
+            .split(['?', '#'])
+            .next()
+            .unwrap_or("")
+            .trim_end_matches('/');
+        if p.starts_with("/v2/models/")
+            && (p.ends_with("/generate") || p.ends_with("/generate_stream"))
+        {
             Format::TritonGenerate
         } else if p.ends_with("/chat/completions") {
             Format::OpenAiChat
@@ -231,7 +237,9 @@ struct Num(Option<u64>);
 impl<'de> Deserialize<'de> for Num {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let v = Value::deserialize(d)?;
-        Ok(Num(v.as_u64().or_else(|| v.as_f64().filter(|f| *f >= 0.0).map(|f| f as u64))))
+        Ok(Num(v.as_u64().or_else(|| {
+            v.as_f64().filter(|f| *f >= 0.0).map(|f| f as u64)
+        })))
     }
 }
 
@@ -251,7 +259,10 @@ impl Delta {
             Content::Answer
         } else if self.tool_calls.as_ref().is_some_and(|t| !t.is_empty()) {
             Content::Tool
-        } else if self.reasoning_content.non_empty() || self.reasoning.non_empty() || self.thinking.non_empty() {
+        } else if self.reasoning_content.non_empty()
+            || self.reasoning.non_empty()
+            || self.thinking.non_empty()
+        {
             Content::Reasoning
         } else {
             Content::None
@@ -421,9 +432,17 @@ pub fn interpret(format: Format, json: &[u8]) -> Option<EventInfo> {
         }
     };
     match format {
-        Format::OpenAiChat | Format::OpenAiCompletions | Format::OpenAiEmbeddings | Format::Unknown => {
+        Format::OpenAiChat
+        | Format::OpenAiCompletions
+        | Format::OpenAiEmbeddings
+        | Format::Unknown => {
             for ch in o.choices.iter().flatten() {
-                let mut c = ch.delta.as_ref().or(ch.message.as_ref()).map(Delta::kind).unwrap_or(Content::None);
+                let mut c = ch
+                    .delta
+                    .as_ref()
+                    .or(ch.message.as_ref())
+                    .map(Delta::kind)
+                    .unwrap_or(Content::None);
                 if ch.text.non_empty() {
                     c = stronger(c, Content::Answer);
                 }
@@ -467,7 +486,11 @@ pub fn interpret(format: Format, json: &[u8]) -> Option<EventInfo> {
                 if let Some(u) = &r.usage {
                     usage_into(u, &mut info);
                 }
-                if matches!(kind, "response.completed" | "response.incomplete" | "response.failed") || kind.is_empty() {
+                if matches!(
+                    kind,
+                    "response.completed" | "response.incomplete" | "response.failed"
+                ) || kind.is_empty()
+                {
                     info.finish_reason = r
                         .incomplete_details
                         .as_ref()
@@ -519,8 +542,14 @@ pub fn interpret(format: Format, json: &[u8]) -> Option<EventInfo> {
             }
             if o.stop == Some(true) {
                 info.finish_reason = o.stop_type.0.clone();
-                info.output_tokens = o.tokens_predicted.0.or(o.timings.as_ref().and_then(|t| t.predicted_n.0));
-                info.input_tokens = o.tokens_evaluated.0.or(o.timings.as_ref().and_then(|t| t.prompt_n.0));
+                info.output_tokens = o
+                    .tokens_predicted
+                    .0
+                    .or(o.timings.as_ref().and_then(|t| t.predicted_n.0));
+                info.input_tokens = o
+                    .tokens_evaluated
+                    .0
+                    .or(o.timings.as_ref().and_then(|t| t.prompt_n.0));
             }
         }
         Format::TritonGenerate => {
@@ -538,9 +567,18 @@ mod tests {
 
     #[test]
     fn paths_pick_formats() {
-        assert_eq!(Format::from_path("/v1/chat/completions"), Format::OpenAiChat);
-        assert_eq!(Format::from_path("/v1/completions?x=1"), Format::OpenAiCompletions);
-        assert_eq!(Format::from_path("/v2/models/ensemble/generate_stream"), Format::TritonGenerate);
+        assert_eq!(
+            Format::from_path("/v1/chat/completions"),
+            Format::OpenAiChat
+        );
+        assert_eq!(
+            Format::from_path("/v1/completions?x=1"),
+            Format::OpenAiCompletions
+        );
+        assert_eq!(
+            Format::from_path("/v2/models/ensemble/generate_stream"),
+            Format::TritonGenerate
+        );
         assert_eq!(Format::from_path("/generate_stream"), Format::TgiGenerate);
         assert_eq!(Format::from_path("/completion"), Format::LlamaCppCompletion);
         assert_eq!(Format::from_path("/api/chat"), Format::OllamaChat);
@@ -549,9 +587,17 @@ mod tests {
 
     #[test]
     fn role_only_and_empty_chunks_are_not_content() {
-        let e = interpret(Format::OpenAiChat, br#"{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}"#).unwrap();
+        let e = interpret(
+            Format::OpenAiChat,
+            br#"{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}"#,
+        )
+        .unwrap();
         assert_eq!(e.content, Content::None);
-        let e = interpret(Format::OpenAiChat, br#"{"choices":[{"delta":{"content":"Hi"}}],"model":"m"}"#).unwrap();
+        let e = interpret(
+            Format::OpenAiChat,
+            br#"{"choices":[{"delta":{"content":"Hi"}}],"model":"m"}"#,
+        )
+        .unwrap();
         assert_eq!(e.content, Content::Answer);
         assert_eq!(e.model.as_deref(), Some("m"));
     }

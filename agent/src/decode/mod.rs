@@ -66,13 +66,27 @@ enum Body {
 }
 
 enum ReqState {
-    Head { buf: Vec<u8>, start_ns: Option<u64> },
-    Body { seq: u64, framing: Framing, buf: Vec<u8>, complete: bool },
+    Head {
+        buf: Vec<u8>,
+        start_ns: Option<u64>,
+    },
+    Body {
+        seq: u64,
+        framing: Framing,
+        buf: Vec<u8>,
+        complete: bool,
+    },
 }
 
 enum RespState {
-    Head { buf: Vec<u8> },
-    Body { framing: Framing, body: Body, head_request: bool },
+    Head {
+        buf: Vec<u8>,
+    },
+    Body {
+        framing: Framing,
+        body: Body,
+        head_request: bool,
+    },
 }
 
 struct Conn {
@@ -97,7 +111,10 @@ impl Conn {
             role,
             server_port,
             client,
-            req: ReqState::Head { buf: Vec::new(), start_ns: None },
+            req: ReqState::Head {
+                buf: Vec::new(),
+                start_ns: None,
+            },
             resp: RespState::Head { buf: Vec::new() },
             queue: VecDeque::new(),
             broken: false,
@@ -121,7 +138,10 @@ pub struct Decoder {
 }
 
 fn header<'a>(headers: &'a [httparse::Header<'_>], name: &str) -> Option<&'a [u8]> {
-    headers.iter().find(|h| h.name.eq_ignore_ascii_case(name)).map(|h| h.value)
+    headers
+        .iter()
+        .find(|h| h.name.eq_ignore_ascii_case(name))
+        .map(|h| h.value)
 }
 
 fn header_str(headers: &[httparse::Header<'_>], name: &str) -> Option<String> {
@@ -130,7 +150,10 @@ fn header_str(headers: &[httparse::Header<'_>], name: &str) -> Option<String> {
 
 fn framing_of(headers: &[httparse::Header<'_>]) -> Result<Option<Framing>, ()> {
     if let Some(te) = header(headers, "transfer-encoding") {
-        if String::from_utf8_lossy(te).to_ascii_lowercase().contains("chunked") {
+        if String::from_utf8_lossy(te)
+            .to_ascii_lowercase()
+            .contains("chunked")
+        {
             return Ok(Some(Framing::Chunked(Chunked::default())));
         }
     }
@@ -149,7 +172,8 @@ fn looks_like_request(data: &[u8]) -> bool {
     let n = data.iter().take(16).position(|&b| b == b' ');
     match n {
         Some(n) if n > 0 => {
-            data[..n].iter().all(|b| b.is_ascii_uppercase()) && matches!(data.get(n + 1), Some(b'/') | Some(b'*') | Some(b'h'))
+            data[..n].iter().all(|b| b.is_ascii_uppercase())
+                && matches!(data.get(n + 1), Some(b'/') | Some(b'*') | Some(b'h'))
         }
         _ => false,
     }
@@ -159,12 +183,42 @@ fn looks_like_request(data: &[u8]) -> bool {
 /// from `from` on (minus 3 for a terminator split across appends)?
 fn has_head_end(buf: &[u8], from: usize) -> bool {
     let start = from.saturating_sub(3);
-    memchr::memmem::find(&buf[start..], b"\n\r\n").is_some() || memchr::memmem::find(&buf[start..], b"\n\n").is_some()
+    memchr::memmem::find(&buf[start..], b"\n\r\n").is_some()
+        || memchr::memmem::find(&buf[start..], b"\n\n").is_some()
 }
 
 impl Decoder {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Bytes held in parsing buffers across all connections (bounded by
+    /// the MAX_* limits per connection; exposed for tests and health).
+    pub fn buffered_bytes(&self) -> usize {
+        self.conns
+            .values()
+            .map(|c| {
+                let req = match &c.req {
+                    ReqState::Head { buf, .. } => buf.capacity(),
+                    ReqState::Body { buf, .. } => buf.capacity(),
+                };
+                let resp = match &c.resp {
+                    RespState::Head { buf } => buf.capacity(),
+                    RespState::Body {
+                        body: Body::Plain { buf, .. },
+                        ..
+                    } => buf.capacity(),
+                    RespState::Body {
+                        body: Body::Sse(s), ..
+                    } => s.buffered(),
+                    RespState::Body {
+                        body: Body::Ndjson(n),
+                        ..
+                    } => n.buffered(),
+                };
+                req + resp
+            })
+            .sum()
     }
 
     /// Requests in flight across all connections.
@@ -187,7 +241,8 @@ impl Decoder {
                     Role::Client => (o.peer.map(|a| a.port()), o.local.map(|a| a.to_string())),
                 };
                 self.stats.connections += 1;
-                self.conns.insert(key, Conn::new(o.pid, o.role, server_port, client));
+                self.conns
+                    .insert(key, Conn::new(o.pid, o.role, server_port, client));
             }
             SocketEvent::Close(c) => {
                 if let Some(conn) = self.conns.remove(&(c.pid, c.fd)) {
@@ -205,7 +260,12 @@ impl Decoder {
         keys.sort_unstable();
         for k in keys {
             if let Some(mut conn) = self.conns.remove(&k) {
-                let end = conn.queue.iter().filter_map(|x| x.last_response_byte_ns).max().unwrap_or(0);
+                let end = conn
+                    .queue
+                    .iter()
+                    .filter_map(|x| x.last_response_byte_ns)
+                    .max()
+                    .unwrap_or(0);
                 while let Some(x) = conn.queue.pop_front() {
                     let end = x.last_response_byte_ns.unwrap_or(end.max(x.t0_ns));
                     self.emit(x.finish(end, Some("truncated_capture")), out);
@@ -222,7 +282,11 @@ impl Decoder {
     /// The connection was closed by the traced process.
     fn close(&mut self, mut conn: Conn, ts: u64, out: &mut Vec<RequestRecord>) {
         // A body delimited by the close is complete now.
-        if let RespState::Body { framing: Framing::UntilClose, .. } = conn.resp {
+        if let RespState::Body {
+            framing: Framing::UntilClose,
+            ..
+        } = conn.resp
+        {
             if !conn.queue.is_empty() {
                 self.end_response(&mut conn, ts, out);
             }
@@ -259,10 +323,18 @@ impl Decoder {
         if d.ret < 0 || (d.ret == 0 && d.dir == Dir::In) {
             // A failed write or read, or end of file on a read: the peer is
             // gone (server role) or the upstream is (client role).
-            let gone = if conn.role == Role::Server { "client_disconnect" } else { "upstream_reset" };
+            let gone = if conn.role == Role::Server {
+                "client_disconnect"
+            } else {
+                "upstream_reset"
+            };
             if !is_request && d.ret == 0 {
                 // Client role: a response delimited by the close is done.
-                if let RespState::Body { framing: Framing::UntilClose, .. } = conn.resp {
+                if let RespState::Body {
+                    framing: Framing::UntilClose,
+                    ..
+                } = conn.resp
+                {
                     self.end_response(conn, d.ts_ns, out);
                 }
             }
@@ -292,12 +364,24 @@ impl Decoder {
             self.response_bytes(conn, d.ts_ns, &d.data, out) && self.response_gap(conn, missing)
         };
         if !ok {
-            self.desync(conn, d.ts_ns, if missing > 0 { "truncated_capture" } else { "decode_error" }, out);
+            self.desync(
+                conn,
+                d.ts_ns,
+                if missing > 0 {
+                    "truncated_capture"
+                } else {
+                    "decode_error"
+                },
+                out,
+            );
         }
     }
 
     fn reset(&mut self, conn: &mut Conn) {
-        conn.req = ReqState::Head { buf: Vec::new(), start_ns: None };
+        conn.req = ReqState::Head {
+            buf: Vec::new(),
+            start_ns: None,
+        };
         conn.resp = RespState::Head { buf: Vec::new() };
         conn.heads.clear();
     }
@@ -313,13 +397,22 @@ impl Decoder {
     }
 
     /// Bytes of the request direction. False: not HTTP any more.
-    fn request_bytes(&mut self, conn: &mut Conn, ts: u64, mut data: &[u8], out: &mut Vec<RequestRecord>) -> bool {
+    fn request_bytes(
+        &mut self,
+        conn: &mut Conn,
+        ts: u64,
+        mut data: &[u8],
+        out: &mut Vec<RequestRecord>,
+    ) -> bool {
         while !data.is_empty() {
             match &mut conn.req {
                 ReqState::Head { buf, start_ns } => {
                     if buf.is_empty() {
                         // Tolerate blank lines between requests (RFC 9112 §2.2).
-                        let skip = data.iter().take_while(|b| **b == b'\r' || **b == b'\n').count();
+                        let skip = data
+                            .iter()
+                            .take_while(|b| **b == b'\r' || **b == b'\n')
+                            .count();
                         data = &data[skip..];
                         if data.is_empty() {
                             return true;
@@ -327,7 +420,9 @@ impl Decoder {
                     }
                     start_ns.get_or_insert(ts);
                     let from = buf.len();
-                    let take = data.len().min(MAX_HEAD_BYTES + 1 - buf.len().min(MAX_HEAD_BYTES));
+                    let take = data
+                        .len()
+                        .min(MAX_HEAD_BYTES + 1 - buf.len().min(MAX_HEAD_BYTES));
                     buf.extend_from_slice(&data[..take]);
                     if !has_head_end(buf, from) {
                         if buf.len() > MAX_HEAD_BYTES {
@@ -360,7 +455,15 @@ impl Decoder {
                     }
                     self.next_seq += 1;
                     let seq = self.next_seq;
-                    let x = Exchange::new(seq, conn.pid, conn.server_port, conn.client.clone(), &method, &path, t0);
+                    let x = Exchange::new(
+                        seq,
+                        conn.pid,
+                        conn.server_port,
+                        conn.client.clone(),
+                        &method,
+                        &path,
+                        t0,
+                    );
                     if method == "HEAD" {
                         conn.heads.push(seq);
                     }
@@ -414,7 +517,11 @@ impl Decoder {
             return true;
         }
         match &mut conn.req {
-            ReqState::Body { framing: Framing::Length(left), complete, .. } if missing <= *left => {
+            ReqState::Body {
+                framing: Framing::Length(left),
+                complete,
+                ..
+            } if missing <= *left => {
                 *left -= missing;
                 *complete = false; // the body JSON is incomplete
                 if *left == 0 {
@@ -422,7 +529,11 @@ impl Decoder {
                 }
                 true
             }
-            ReqState::Body { framing: Framing::Chunked(c), complete, .. } => {
+            ReqState::Body {
+                framing: Framing::Chunked(c),
+                complete,
+                ..
+            } => {
                 *complete = false;
                 c.skip(missing)
             }
@@ -432,7 +543,13 @@ impl Decoder {
 
     /// The request body is complete: read what it says, expect the next head.
     fn request_done(&mut self, conn: &mut Conn) {
-        let state = std::mem::replace(&mut conn.req, ReqState::Head { buf: Vec::new(), start_ns: None });
+        let state = std::mem::replace(
+            &mut conn.req,
+            ReqState::Head {
+                buf: Vec::new(),
+                start_ns: None,
+            },
+        );
         if let ReqState::Body { seq, buf, .. } = state {
             if let Some(x) = conn.queue.iter_mut().find(|x| x.seq == seq) {
                 if !buf.is_empty() {
@@ -443,7 +560,13 @@ impl Decoder {
     }
 
     /// Bytes of the response direction. False: not HTTP any more.
-    fn response_bytes(&mut self, conn: &mut Conn, ts: u64, mut data: &[u8], out: &mut Vec<RequestRecord>) -> bool {
+    fn response_bytes(
+        &mut self,
+        conn: &mut Conn,
+        ts: u64,
+        mut data: &[u8],
+        out: &mut Vec<RequestRecord>,
+    ) -> bool {
         if let Some(x) = conn.queue.front_mut() {
             x.last_response_byte_ns = Some(ts);
         }
@@ -451,14 +574,19 @@ impl Decoder {
             match &mut conn.resp {
                 RespState::Head { buf } => {
                     if buf.is_empty() {
-                        let skip = data.iter().take_while(|b| **b == b'\r' || **b == b'\n').count();
+                        let skip = data
+                            .iter()
+                            .take_while(|b| **b == b'\r' || **b == b'\n')
+                            .count();
                         data = &data[skip..];
                         if data.is_empty() {
                             return true;
                         }
                     }
                     let from = buf.len();
-                    let take = data.len().min(MAX_HEAD_BYTES + 1 - buf.len().min(MAX_HEAD_BYTES));
+                    let take = data
+                        .len()
+                        .min(MAX_HEAD_BYTES + 1 - buf.len().min(MAX_HEAD_BYTES));
                     buf.extend_from_slice(&data[..take]);
                     if !has_head_end(buf, from) {
                         if buf.len() > MAX_HEAD_BYTES {
@@ -487,7 +615,9 @@ impl Decoder {
                         conn.resp = RespState::Head { buf: Vec::new() };
                         continue;
                     }
-                    let ctype = header_str(resp.headers, "content-type").unwrap_or_default().to_ascii_lowercase();
+                    let ctype = header_str(resp.headers, "content-type")
+                        .unwrap_or_default()
+                        .to_ascii_lowercase();
                     let server = header_str(resp.headers, "server");
                     let framing = match framing_of(resp.headers) {
                         Ok(f) => f,
@@ -513,12 +643,23 @@ impl Decoder {
                         x.stream = true;
                         Body::Ndjson(Ndjson::default())
                     } else {
-                        Body::Plain { buf: Vec::new(), complete: true }
+                        Body::Plain {
+                            buf: Vec::new(),
+                            complete: true,
+                        }
                     };
                     let no_body = head_request || status == 204 || status == 304;
-                    let framing = if no_body { Framing::None } else { framing.unwrap_or(Framing::UntilClose) };
+                    let framing = if no_body {
+                        Framing::None
+                    } else {
+                        framing.unwrap_or(Framing::UntilClose)
+                    };
                     let empty = matches!(framing, Framing::None | Framing::Length(0));
-                    conn.resp = RespState::Body { framing, body, head_request };
+                    conn.resp = RespState::Body {
+                        framing,
+                        body,
+                        head_request,
+                    };
                     if empty {
                         self.end_response(conn, ts, out);
                     }
@@ -561,7 +702,11 @@ impl Decoder {
             return true;
         }
         match &mut conn.resp {
-            RespState::Body { framing: Framing::Length(left), body: Body::Plain { complete, .. }, .. } if missing <= *left => {
+            RespState::Body {
+                framing: Framing::Length(left),
+                body: Body::Plain { complete, .. },
+                ..
+            } if missing <= *left => {
                 *left -= missing;
                 *complete = false;
                 true
@@ -576,7 +721,10 @@ impl Decoder {
         let Some(mut x) = conn.queue.pop_front() else {
             return;
         };
-        if let RespState::Body { body, head_request, .. } = state {
+        if let RespState::Body {
+            body, head_request, ..
+        } = state
+        {
             if head_request {
                 conn.heads.retain(|s| *s != x.seq);
             }

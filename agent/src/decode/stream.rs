@@ -27,6 +27,10 @@ pub struct Sse {
 }
 
 impl Sse {
+    pub fn buffered(&self) -> usize {
+        self.line.capacity() + self.data.capacity()
+    }
+
     pub fn feed(&mut self, mut input: &[u8], sink: &mut dyn FnMut(SseEvent<'_>)) {
         if input.is_empty() {
             return;
@@ -138,6 +142,10 @@ pub struct Ndjson {
 }
 
 impl Ndjson {
+    pub fn buffered(&self) -> usize {
+        self.line.capacity()
+    }
+
     pub fn feed(&mut self, mut input: &[u8], sink: &mut dyn FnMut(&[u8])) {
         while !input.is_empty() {
             match memchr::memchr(b'\n', input) {
@@ -193,7 +201,9 @@ mod tests {
         let mut p = Sse::default();
         let mut out = vec![];
         for piece in pieces {
-            p.feed(piece, &mut |e| out.push((e.event.map(str::to_string), e.data.to_vec())));
+            p.feed(piece, &mut |e| {
+                out.push((e.event.map(str::to_string), e.data.to_vec()))
+            });
         }
         out
     }
@@ -212,7 +222,11 @@ mod tests {
         );
         for i in 0..wire.len() {
             for j in i..wire.len() {
-                assert_eq!(sse_all(&[&wire[..i], &wire[i..j], &wire[j..]]), whole, "cuts {i} {j}");
+                assert_eq!(
+                    sse_all(&[&wire[..i], &wire[i..j], &wire[j..]]),
+                    whole,
+                    "cuts {i} {j}"
+                );
             }
         }
     }
@@ -226,7 +240,14 @@ mod tests {
             p.feed(&wire[..i], &mut |l| out.push(l.to_vec()));
             p.feed(&wire[i..], &mut |l| out.push(l.to_vec()));
             p.finish(&mut |l| out.push(l.to_vec()));
-            assert_eq!(out, vec![b"{\"a\":1}".to_vec(), b"{\"b\":2}".to_vec(), b"{\"c\":3}".to_vec()]);
+            assert_eq!(
+                out,
+                vec![
+                    b"{\"a\":1}".to_vec(),
+                    b"{\"b\":2}".to_vec(),
+                    b"{\"c\":3}".to_vec()
+                ]
+            );
         }
     }
 
