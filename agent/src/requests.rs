@@ -174,7 +174,7 @@ impl Exchange {
     }
 
     /// One stream event, carried by the write at `ts_ns`.
-    pub fn on_stream_event(&mut self, ts_ns: u64, info: EventInfo) {
+    pub fn on_stream_event(&mut self, ts_ns: u64, info: EventInfo<'_>) {
         if info.content != Content::None {
             if self.first_content_ns.is_none() {
                 self.first_content_ns = Some(ts_ns);
@@ -201,13 +201,15 @@ impl Exchange {
     }
 
     /// A whole non-streamed body.
-    pub fn on_body(&mut self, info: EventInfo) {
+    pub fn on_body(&mut self, info: EventInfo<'_>) {
         self.absorb(info);
     }
 
-    fn absorb(&mut self, info: EventInfo) {
-        if info.model.is_some() {
-            self.response_model = info.model;
+    fn absorb(&mut self, info: EventInfo<'_>) {
+        if let Some(m) = info.model {
+            if self.response_model.as_deref() != Some(m.as_ref()) {
+                self.response_model = Some(m.into_owned());
+            }
         }
         if info.input_tokens.is_some() {
             self.input_tokens = info.input_tokens;
@@ -215,8 +217,8 @@ impl Exchange {
         if info.output_tokens.is_some() {
             self.output_tokens = info.output_tokens;
         }
-        if info.finish_reason.is_some() {
-            self.finish_reason = info.finish_reason;
+        if let Some(f) = info.finish_reason {
+            self.finish_reason = Some(f.into_owned());
         }
         self.stream_error |= info.error;
     }

@@ -23,7 +23,16 @@ pub fn run(which: &str, secs: f64, rounds: usize) -> Result<()> {
             crate::build(true)?;
             capture(secs, rounds)
         }
-        other => bail!("unknown bench {other:?}; available: capture"),
+        "decode" => {
+            crate::build(true)?;
+            decode(secs, rounds)
+        }
+        "all" => {
+            crate::build(true)?;
+            decode(secs, rounds)?;
+            capture(secs, rounds)
+        }
+        other => bail!("unknown bench {other:?}; available: capture, decode, all"),
     }
 }
 
@@ -299,6 +308,42 @@ fn verdict(ok: bool) -> &'static str {
     } else {
         "NOT met"
     }
+}
+
+fn decode(secs: f64, rounds: usize) -> Result<()> {
+    let mut runs = vec![];
+    for r in 0..rounds {
+        eprint!("\rxtask bench: decode round {}/{rounds} ...   ", r + 1);
+        let out = crate::util::output(Command::new(bin("decodebench")).arg(secs.to_string()))?;
+        runs.push(serde_json::from_str::<Value>(out.trim())?);
+    }
+    eprintln!();
+    let m = |k: &str| median(runs.iter().filter_map(|v| v[k].as_f64()).collect());
+    let date = crate::util::output(Command::new("date").arg("-u").arg("+%Y-%m-%d %H:%M UTC"))
+        .unwrap_or_default();
+    let sse = m("sse_events_per_s");
+    let mut t = format!("### `cargo xtask bench decode` — {}\n\n", date.trim());
+    t += &format!(
+        "Machine: {}. One thread decoding an in-memory mix ({} socket events, {} SSE events per pass: 64 keep-alive connections, OpenAI-compatible chat streams of 256 content chunks, 1 in 10 requests non-streamed); median of {rounds} rounds of {secs} s.\n\n",
+        machine(),
+        runs[0]["socket_events"],
+        runs[0]["sse_events"]
+    );
+    t += "| metric | per core | target |\n|---|---|---|\n";
+    t += &format!(
+        "| SSE events decoded | {:.0}/s | ≥ 1,000,000/s: {} |\n",
+        sse,
+        verdict(sse >= 1e6)
+    );
+    t += &format!(
+        "| socket events (syscalls) | {:.0}/s | – |\n",
+        m("socket_events_per_s")
+    );
+    t += &format!("| request records | {:.0}/s | – |\n", m("records_per_s"));
+    t += &format!("| payload bytes | {:.1} MB/s | – |\n", m("mb_per_s"));
+    println!("{t}");
+    std::fs::write(root().join("target/bench-decode.md"), &t)?;
+    Ok(())
 }
 
 fn capture(secs: f64, rounds: usize) -> Result<()> {

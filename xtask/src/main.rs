@@ -5,6 +5,7 @@
 
 mod bench;
 mod ebpf;
+mod fuzz;
 mod toolchain;
 mod util;
 
@@ -44,10 +45,16 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    /// Run benchmarks and print a table: `capture` (kernel capture overhead).
+    /// Fuzz the request decoder (cargo fuzz, nightly) for SECS seconds.
+    Fuzz {
+        #[arg(long, default_value_t = 300)]
+        secs: u64,
+    },
+    /// Run benchmarks and print tables: `capture`, `decode`, or `all`.
     Bench {
-        /// Which bench: capture.
-        #[arg(default_value = "capture")]
+        /// Which bench: capture (kernel capture overhead, needs root),
+        /// decode (decoder throughput), or all.
+        #[arg(default_value = "all")]
         which: String,
         /// Seconds per measurement.
         #[arg(long, default_value_t = 3.0)]
@@ -65,6 +72,7 @@ fn main() -> ExitCode {
         Cmd::Build { release } => build(release),
         Cmd::Run { args } => run(args),
         Cmd::Test { args } => test(args),
+        Cmd::Fuzz { secs } => fuzz::run(secs),
         Cmd::Bench {
             which,
             secs,
@@ -110,5 +118,13 @@ fn test(args: Vec<String>) -> Result<()> {
     cmd.env("TOKENTAP_EBPF_OBJ", &obj);
     cmd.args(&args);
     let _ = tc;
-    util::run(&mut cmd)
+    util::run(&mut cmd)?;
+    if args.is_empty() {
+        // A short coverage-guided run over the decoder is part of the suite.
+        fuzz::run(FUZZ_SECS_IN_TEST)?;
+    }
+    Ok(())
 }
+
+/// Seconds of decoder fuzzing in `cargo xtask test`.
+const FUZZ_SECS_IN_TEST: u64 = 45;

@@ -3,6 +3,8 @@
 //! usage, model and finish reason. One table-driven place, so adding an
 //! engine is adding a `Format` and its arm here.
 
+use std::borrow::Cow;
+
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::Value;
@@ -150,20 +152,22 @@ pub enum Content {
 }
 
 /// Everything one stream event (or a whole non-streamed body) says.
+/// Strings borrow from the event's bytes where they can (no allocation on
+/// the per-event path).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct EventInfo {
+pub struct EventInfo<'a> {
     pub content: Content,
     /// Content events inside this one (several choices with n > 1).
     pub content_parts: u32,
-    pub model: Option<String>,
+    pub model: Option<Cow<'a, str>>,
     pub input_tokens: Option<u64>,
     pub output_tokens: Option<u64>,
-    pub finish_reason: Option<String>,
+    pub finish_reason: Option<Cow<'a, str>>,
     /// The event reports an error (an `error` object, a failed response).
     pub error: bool,
 }
 
-impl Default for EventInfo {
+impl Default for EventInfo<'_> {
     fn default() -> Self {
         Self {
             content: Content::None,
@@ -177,92 +181,199 @@ impl Default for EventInfo {
     }
 }
 
-/// A string field that tolerates other JSON types (they read as absent),
-/// so one odd field never hides the rest of an event.
-#[derive(Debug, Default)]
-struct Loose(Option<String>);
+/// Drains an array the visitor does not want.
+macro_rules! ignore_seq {
+    ($ty:ty, $none:expr) => {
+        fn visit_seq<A: SeqAccess<'de>>(self, mut s: A) -> Result<$ty, A::Error> {
+            while s.next_element::<IgnoredAny>()?.is_some() {}
+            Ok($none)
+        }
+    };
+}
 
-impl<'de> Deserialize<'de> for Loose {
+/// Drains any other JSON value (objects, scalars) the visitor does not want.
+macro_rules! ignore_others {
+    ($ty:ty, $none:expr) => {
+        fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<$ty, A::Error> {
+            while m.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+            Ok($none)
+        }
+        fn visit_bool<E: de::Error>(self, _: bool) -> Result<$ty, E> {
+            Ok($none)
+        }
+        fn visit_i64<E: de::Error>(self, _: i64) -> Result<$ty, E> {
+            Ok($none)
+        }
+        fn visit_u64<E: de::Error>(self, _: u64) -> Result<$ty, E> {
+            Ok($none)
+        }
+        fn visit_f64<E: de::Error>(self, _: f64) -> Result<$ty, E> {
+            Ok($none)
+        }
+        fn visit_unit<E: de::Error>(self) -> Result<$ty, E> {
+            Ok($none)
+        }
+    };
+}
+
+/// A string field that tolerates other JSON types (they read as absent),
+/// so one odd field never hides the rest of an event. Borrowed when the
+/// JSON string has no escapes.
+#[derive(Debug, Default)]
+struct Loose<'a>(Option<Cow<'a, str>>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Loose<'a> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Loose;
+        struct V<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
+            type Value = Loose<'a>;
             fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
                 f.write_str("anything")
             }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<Loose, E> {
-                Ok(Loose(Some(v.to_string())))
+            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Loose<'a>, E> {
+                Ok(Loose(Some(Cow::Borrowed(v))))
             }
-            fn visit_string<E: de::Error>(self, v: String) -> Result<Loose, E> {
-                Ok(Loose(Some(v)))
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Loose<'a>, E> {
+                Ok(Loose(Some(Cow::Owned(v.to_string()))))
             }
-            fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<Loose, A::Error> {
+            fn visit_string<E: de::Error>(self, v: String) -> Result<Loose<'a>, E> {
+                Ok(Loose(Some(Cow::Owned(v))))
+            }
+            ignore_others!(Loose<'a>, Loose(None));
+            ignore_seq!(Loose<'a>, Loose(None));
+        }
+        d.deserialize_any(V(std::marker::PhantomData))
+    }
+}
+
+/// "Is this a non-empty string?" without keeping the string.
+#[derive(Debug, Default, Clone, Copy)]
+struct Text(bool);
+
+impl<'de> Deserialize<'de> for Text {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Text;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("anything")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Text, E> {
+                Ok(Text(!v.is_empty()))
+            }
+            ignore_others!(Text, Text(false));
+            ignore_seq!(Text, Text(false));
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// "Is this a non-empty array?" without building it.
+#[derive(Debug, Default, Clone, Copy)]
+struct NonEmptySeq(bool);
+
+impl<'de> Deserialize<'de> for NonEmptySeq {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = NonEmptySeq;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("anything")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut s: A) -> Result<NonEmptySeq, A::Error> {
+                let mut n = 0;
+                while s.next_element::<IgnoredAny>()?.is_some() {
+                    n += 1;
+                }
+                Ok(NonEmptySeq(n > 0))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<NonEmptySeq, A::Error> {
                 while m.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-                Ok(Loose(None))
+                Ok(NonEmptySeq(false))
             }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut s: A) -> Result<Loose, A::Error> {
-                while s.next_element::<IgnoredAny>()?.is_some() {}
-                Ok(Loose(None))
+            fn visit_str<E: de::Error>(self, _: &str) -> Result<NonEmptySeq, E> {
+                Ok(NonEmptySeq(false))
             }
-            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Loose, E> {
-                Ok(Loose(None))
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<NonEmptySeq, E> {
+                Ok(NonEmptySeq(false))
             }
-            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Loose, E> {
-                Ok(Loose(None))
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<NonEmptySeq, E> {
+                Ok(NonEmptySeq(false))
             }
-            fn visit_u64<E: de::Error>(self, _: u64) -> Result<Loose, E> {
-                Ok(Loose(None))
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<NonEmptySeq, E> {
+                Ok(NonEmptySeq(false))
             }
-            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Loose, E> {
-                Ok(Loose(None))
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<NonEmptySeq, E> {
+                Ok(NonEmptySeq(false))
             }
-            fn visit_unit<E: de::Error>(self) -> Result<Loose, E> {
-                Ok(Loose(None))
+            fn visit_unit<E: de::Error>(self) -> Result<NonEmptySeq, E> {
+                Ok(NonEmptySeq(false))
             }
         }
         d.deserialize_any(V)
     }
 }
 
-impl Loose {
-    fn non_empty(&self) -> bool {
-        self.0.as_deref().is_some_and(|s| !s.is_empty())
-    }
-}
-
 /// A number field that tolerates other types.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone, Copy)]
 struct Num(Option<u64>);
 
 impl<'de> Deserialize<'de> for Num {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let v = Value::deserialize(d)?;
-        Ok(Num(v.as_u64().or_else(|| {
-            v.as_f64().filter(|f| *f >= 0.0).map(|f| f as u64)
-        })))
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Num;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a number")
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Num, E> {
+                Ok(Num(Some(v)))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Num, E> {
+                Ok(Num(u64::try_from(v).ok()))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Num, E> {
+                Ok(Num((v >= 0.0 && v.is_finite()).then_some(v as u64)))
+            }
+            fn visit_str<E: de::Error>(self, _: &str) -> Result<Num, E> {
+                Ok(Num(None))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<Num, A::Error> {
+                while m.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+                Ok(Num(None))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut s: A) -> Result<Num, A::Error> {
+                while s.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(Num(None))
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Num, E> {
+                Ok(Num(None))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Num, E> {
+                Ok(Num(None))
+            }
+        }
+        d.deserialize_any(V)
     }
 }
 
 #[derive(Deserialize, Default, Debug)]
 #[serde(default)]
 struct Delta {
-    content: Loose,
-    reasoning_content: Loose,
-    reasoning: Loose,
-    thinking: Loose,
-    tool_calls: Option<Vec<IgnoredAny>>,
+    content: Text,
+    reasoning_content: Text,
+    reasoning: Text,
+    thinking: Text,
+    tool_calls: NonEmptySeq,
 }
 
 impl Delta {
     fn kind(&self) -> Content {
-        if self.content.non_empty() {
+        if self.content.0 {
             Content::Answer
-        } else if self.tool_calls.as_ref().is_some_and(|t| !t.is_empty()) {
+        } else if self.tool_calls.0 {
             Content::Tool
-        } else if self.reasoning_content.non_empty()
-            || self.reasoning.non_empty()
-            || self.thinking.non_empty()
-        {
+        } else if self.reasoning_content.0 || self.reasoning.0 || self.thinking.0 {
             Content::Reasoning
         } else {
             Content::None
@@ -272,11 +383,65 @@ impl Delta {
 
 #[derive(Deserialize, Default, Debug)]
 #[serde(default)]
-struct Choice {
+struct Choice<'a> {
     delta: Option<Delta>,
     message: Option<Delta>,
-    text: Loose,
-    finish_reason: Loose,
+    text: Text,
+    #[serde(borrow)]
+    finish_reason: Loose<'a>,
+}
+
+/// `choices`, folded while parsing (no vector is built).
+#[derive(Debug, Default)]
+struct Choices<'a> {
+    content: Content,
+    parts: u32,
+    finish_reason: Option<Cow<'a, str>>,
+}
+
+impl Default for Content {
+    fn default() -> Self {
+        Content::None
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Choices<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
+            type Value = Choices<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an array of choices")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut s: A) -> Result<Choices<'a>, A::Error> {
+                let mut out = Choices::default();
+                while let Some(ch) = s.next_element::<Choice<'a>>()? {
+                    let mut c = ch
+                        .delta
+                        .as_ref()
+                        .or(ch.message.as_ref())
+                        .map(Delta::kind)
+                        .unwrap_or(Content::None);
+                    if ch.text.0 {
+                        c = stronger(c, Content::Answer);
+                    }
+                    if c != Content::None {
+                        out.content = stronger(out.content, c);
+                        out.parts += 1;
+                    }
+                    if ch.finish_reason.0.is_some() {
+                        out.finish_reason = ch.finish_reason.0;
+                    }
+                }
+                Ok(out)
+            }
+            ignore_others!(Choices<'a>, Choices::default());
+            fn visit_str<E: de::Error>(self, _: &str) -> Result<Choices<'a>, E> {
+                Ok(Choices::default())
+            }
+        }
+        d.deserialize_any(V(std::marker::PhantomData))
+    }
 }
 
 #[derive(Deserialize, Default, Debug)]
@@ -298,62 +463,67 @@ struct Timings {
 #[derive(Deserialize, Default, Debug)]
 #[serde(default)]
 struct TgiToken {
-    text: Loose,
+    text: Text,
     special: Option<bool>,
 }
 
 #[derive(Deserialize, Default, Debug)]
 #[serde(default)]
-struct TgiDetails {
-    finish_reason: Loose,
+struct TgiDetails<'a> {
+    #[serde(borrow)]
+    finish_reason: Loose<'a>,
     generated_tokens: Num,
 }
 
 #[derive(Deserialize, Default, Debug)]
 #[serde(default)]
-struct ResponsesObj {
-    model: Loose,
-    status: Loose,
+struct ResponsesObj<'a> {
+    #[serde(borrow)]
+    model: Loose<'a>,
+    #[serde(borrow)]
+    status: Loose<'a>,
     usage: Option<Usage>,
-    incomplete_details: Option<IncompleteDetails>,
+    #[serde(borrow)]
+    incomplete_details: Option<IncompleteDetails<'a>>,
 }
 
 #[derive(Deserialize, Default, Debug)]
 #[serde(default)]
-struct IncompleteDetails {
-    reason: Loose,
+struct IncompleteDetails<'a> {
+    #[serde(borrow)]
+    reason: Loose<'a>,
 }
 
 /// `response` is a string in Ollama's /api/generate and an object in the
 /// Responses API.
 #[derive(Debug, Default)]
-enum StrOrResponse {
+enum StrOrResponse<'a> {
     #[default]
     Absent,
-    Str(String),
-    Obj(Box<ResponsesObj>),
+    Str(bool),
+    Obj(Box<ResponsesObj<'a>>),
 }
 
-impl<'de> Deserialize<'de> for StrOrResponse {
+impl<'de: 'a, 'a> Deserialize<'de> for StrOrResponse<'a> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = StrOrResponse;
+        struct V<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
+            type Value = StrOrResponse<'a>;
             fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
                 f.write_str("a string or an object")
             }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<StrOrResponse, E> {
-                Ok(StrOrResponse::Str(v.to_string()))
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<StrOrResponse<'a>, E> {
+                Ok(StrOrResponse::Str(!v.is_empty()))
             }
-            fn visit_map<A: MapAccess<'de>>(self, m: A) -> Result<StrOrResponse, A::Error> {
+            fn visit_map<A: MapAccess<'de>>(self, m: A) -> Result<StrOrResponse<'a>, A::Error> {
                 let o = ResponsesObj::deserialize(de::value::MapAccessDeserializer::new(m))?;
                 Ok(StrOrResponse::Obj(Box::new(o)))
             }
-            fn visit_unit<E: de::Error>(self) -> Result<StrOrResponse, E> {
+            fn visit_unit<E: de::Error>(self) -> Result<StrOrResponse<'a>, E> {
                 Ok(StrOrResponse::Absent)
             }
         }
-        d.deserialize_any(V)
+        d.deserialize_any(V(std::marker::PhantomData))
     }
 }
 
@@ -361,41 +531,48 @@ impl<'de> Deserialize<'de> for StrOrResponse {
 /// or body; unknown fields are skipped without being built.
 #[derive(Deserialize, Default, Debug)]
 #[serde(default)]
-struct Obj {
-    model: Loose,
-    model_name: Loose,
-    choices: Option<Vec<Choice>>,
+struct Obj<'a> {
+    #[serde(borrow)]
+    model: Loose<'a>,
+    #[serde(borrow)]
+    model_name: Loose<'a>,
+    #[serde(borrow)]
+    choices: Option<Choices<'a>>,
     usage: Option<Usage>,
     timings: Option<Timings>,
     // Responses API
-    #[serde(rename = "type")]
-    kind: Loose,
-    delta: Loose,
-    response: StrOrResponse,
+    #[serde(rename = "type", borrow)]
+    kind: Loose<'a>,
+    delta: Text,
+    #[serde(borrow)]
+    response: StrOrResponse<'a>,
     // Ollama
     message: Option<Delta>,
-    thinking: Loose,
+    thinking: Text,
     done: Option<bool>,
-    done_reason: Loose,
+    #[serde(borrow)]
+    done_reason: Loose<'a>,
     prompt_eval_count: Num,
     eval_count: Num,
     // TGI
     token: Option<TgiToken>,
-    generated_text: Loose,
-    details: Option<TgiDetails>,
+    generated_text: Text,
+    #[serde(borrow)]
+    details: Option<TgiDetails<'a>>,
     // llama.cpp /completion
-    content: Loose,
+    content: Text,
     stop: Option<bool>,
     tokens_predicted: Num,
     tokens_evaluated: Num,
-    stop_type: Loose,
+    #[serde(borrow)]
+    stop_type: Loose<'a>,
     // Triton
-    text_output: Loose,
+    text_output: Text,
     // errors
     error: Option<IgnoredAny>,
 }
 
-fn usage_into(u: &Usage, info: &mut EventInfo) {
+fn usage_into(u: &Usage, info: &mut EventInfo<'_>) {
     if let Some(n) = u.prompt_tokens.0.or(u.input_tokens.0) {
         info.input_tokens = Some(n);
     }
@@ -413,42 +590,37 @@ fn stronger(a: Content, b: Content) -> Content {
     }
 }
 
+fn add(info: &mut EventInfo<'_>, c: Content) {
+    if c != Content::None {
+        info.content = stronger(info.content, c);
+        info.content_parts += 1;
+    }
+}
+
 /// Interprets one stream event (or a whole non-streamed body) of `format`.
 /// `None` when the bytes are not a JSON object at all.
-pub fn interpret(format: Format, json: &[u8]) -> Option<EventInfo> {
-    let o: Obj = serde_json::from_slice(json).ok()?;
+pub fn interpret(format: Format, json: &[u8]) -> Option<EventInfo<'_>> {
+    let o: Obj<'_> = serde_json::from_slice(json).ok()?;
     let mut info = EventInfo {
-        model: o.model.0.clone().or_else(|| o.model_name.0.clone()),
+        model: o.model.0.or(o.model_name.0),
         error: o.error.is_some(),
         ..EventInfo::default()
     };
     if let Some(u) = &o.usage {
         usage_into(u, &mut info);
     }
-    let add = |info: &mut EventInfo, c: Content| {
-        if c != Content::None {
-            info.content = stronger(info.content, c);
-            info.content_parts += 1;
-        }
-    };
     match format {
         Format::OpenAiChat
         | Format::OpenAiCompletions
         | Format::OpenAiEmbeddings
         | Format::Unknown => {
-            for ch in o.choices.iter().flatten() {
-                let mut c = ch
-                    .delta
-                    .as_ref()
-                    .or(ch.message.as_ref())
-                    .map(Delta::kind)
-                    .unwrap_or(Content::None);
-                if ch.text.non_empty() {
-                    c = stronger(c, Content::Answer);
+            if let Some(ch) = o.choices {
+                if ch.content != Content::None {
+                    info.content = ch.content;
+                    info.content_parts = ch.parts;
                 }
-                add(&mut info, c);
-                if let Some(f) = &ch.finish_reason.0 {
-                    info.finish_reason = Some(f.clone());
+                if ch.finish_reason.is_some() {
+                    info.finish_reason = ch.finish_reason;
                 }
             }
             // llama.cpp's server puts its counts in `timings` when the
@@ -470,7 +642,7 @@ pub fn interpret(format: Format, json: &[u8]) -> Option<EventInfo> {
         }
         Format::OpenAiResponses => {
             let kind = o.kind.0.as_deref().unwrap_or("");
-            if o.delta.non_empty() {
+            if o.delta.0 {
                 let c = match kind {
                     "response.output_text.delta" | "response.refusal.delta" => Content::Answer,
                     "response.function_call_arguments.delta" => Content::Tool,
@@ -479,10 +651,8 @@ pub fn interpret(format: Format, json: &[u8]) -> Option<EventInfo> {
                 };
                 add(&mut info, c);
             }
-            if let StrOrResponse::Obj(r) = &o.response {
-                if info.model.is_none() {
-                    info.model = r.model.0.clone();
-                }
+            if let StrOrResponse::Obj(r) = o.response {
+                let r = *r;
                 if let Some(u) = &r.usage {
                     usage_into(u, &mut info);
                 }
@@ -493,12 +663,14 @@ pub fn interpret(format: Format, json: &[u8]) -> Option<EventInfo> {
                 {
                     info.finish_reason = r
                         .incomplete_details
-                        .as_ref()
-                        .and_then(|d| d.reason.0.clone())
+                        .and_then(|d| d.reason.0)
                         .or_else(|| r.status.0.clone());
                 }
                 if kind == "response.failed" || r.status.0.as_deref() == Some("failed") {
                     info.error = true;
+                }
+                if info.model.is_none() {
+                    info.model = r.model.0;
                 }
             }
             if kind == "error" {
@@ -507,14 +679,14 @@ pub fn interpret(format: Format, json: &[u8]) -> Option<EventInfo> {
         }
         Format::TgiGenerate => {
             if let Some(t) = &o.token {
-                if t.text.non_empty() && t.special != Some(true) {
+                if t.text.0 && t.special != Some(true) {
                     add(&mut info, Content::Answer);
                 }
-            } else if o.generated_text.non_empty() {
+            } else if o.generated_text.0 {
                 add(&mut info, Content::Answer); // non-streamed /generate
             }
-            if let Some(d) = &o.details {
-                info.finish_reason = d.finish_reason.0.clone();
+            if let Some(d) = o.details {
+                info.finish_reason = d.finish_reason.0;
                 info.output_tokens = d.generated_tokens.0;
             }
         }
@@ -522,26 +694,24 @@ pub fn interpret(format: Format, json: &[u8]) -> Option<EventInfo> {
             if let Some(m) = &o.message {
                 add(&mut info, m.kind());
             }
-            if let StrOrResponse::Str(s) = &o.response {
-                if !s.is_empty() {
-                    add(&mut info, Content::Answer);
-                }
+            if let StrOrResponse::Str(true) = o.response {
+                add(&mut info, Content::Answer);
             }
-            if o.thinking.non_empty() {
+            if o.thinking.0 {
                 add(&mut info, Content::Reasoning);
             }
             if o.done == Some(true) {
-                info.finish_reason = o.done_reason.0.clone();
+                info.finish_reason = o.done_reason.0;
                 info.input_tokens = o.prompt_eval_count.0;
                 info.output_tokens = o.eval_count.0;
             }
         }
         Format::LlamaCppCompletion => {
-            if o.content.non_empty() {
+            if o.content.0 {
                 add(&mut info, Content::Answer);
             }
             if o.stop == Some(true) {
-                info.finish_reason = o.stop_type.0.clone();
+                info.finish_reason = o.stop_type.0;
                 info.output_tokens = o
                     .tokens_predicted
                     .0
@@ -553,7 +723,7 @@ pub fn interpret(format: Format, json: &[u8]) -> Option<EventInfo> {
             }
         }
         Format::TritonGenerate => {
-            if o.text_output.non_empty() {
+            if o.text_output.0 {
                 add(&mut info, Content::Answer);
             }
         }

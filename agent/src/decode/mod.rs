@@ -307,15 +307,16 @@ impl Decoder {
     }
 
     fn on_data(&mut self, d: &DataEvent, out: &mut Vec<RequestRecord>) {
-        let key = (d.pid, d.fd);
-        let mut conn = match self.conns.remove(&key) {
-            Some(c) => c,
-            // Data before (or without) an open event: assume the common
-            // case, a server connection, with unknown addresses.
-            None => Conn::new(d.pid, Role::Server, None, None),
-        };
-        self.on_data_conn(&mut conn, d, out);
-        self.conns.insert(key, conn);
+        // The map is moved out for the call (a pointer swap) so the
+        // connection can be borrowed next to the rest of `self`.
+        let mut conns = std::mem::take(&mut self.conns);
+        // Data before (or without) an open event: assume the common case,
+        // a server connection, with unknown addresses.
+        let conn = conns
+            .entry((d.pid, d.fd))
+            .or_insert_with(|| Conn::new(d.pid, Role::Server, None, None));
+        self.on_data_conn(conn, d, out);
+        self.conns = conns;
     }
 
     fn on_data_conn(&mut self, conn: &mut Conn, d: &DataEvent, out: &mut Vec<RequestRecord>) {
