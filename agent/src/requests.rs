@@ -319,7 +319,7 @@ mod tests {
         );
     }
 
-    fn content(c: Content) -> EventInfo {
+    fn content(c: Content) -> EventInfo<'static> {
         EventInfo {
             content: c,
             content_parts: 1,

@@ -143,8 +143,9 @@ pub fn estimate_tokens(chars: u64) -> u64 {
 }
 
 /// Kind of generated content an event carries.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Content {
+    #[default]
     None,
     Answer,
     Reasoning,
@@ -397,12 +398,6 @@ struct Choices<'a> {
     content: Content,
     parts: u32,
     finish_reason: Option<Cow<'a, str>>,
-}
-
-impl Default for Content {
-    fn default() -> Self {
-        Content::None
-    }
 }
 
 impl<'de: 'a, 'a> Deserialize<'de> for Choices<'a> {
