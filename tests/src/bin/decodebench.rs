@@ -65,7 +65,7 @@ fn request(fd: i32, i: usize, t: &mut u64) -> (Vec<SocketEvent>, u64) {
         )),
     ));
     let mut n = 258;
-    if i % 2 == 0 {
+    if i.is_multiple_of(2) {
         evs.push(data(*t, fd, Dir::Out, chunk("data: {\"id\":\"chatcmpl-8f1c2b\",\"object\":\"chat.completion.chunk\",\"created\":1764460800,\"model\":\"meta-llama/Llama-3.1-8B-Instruct\",\"choices\":[],\"usage\":{\"prompt_tokens\":40,\"total_tokens\":296,\"completion_tokens\":256}}\n\n")));
         n += 1;
     }
