@@ -358,3 +358,87 @@ fn capture_without_targets_explains_what_to_give() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--pid") && err.contains("--port"), "{err}");
 }
+
+#[test]
+fn a_captured_sse_stream_replays_into_a_request_record_matching_the_servers_clock() {
+    if !require_root("capture to request record") {
+        return;
+    }
+    let dir = scratch_dir("sse-record");
+    let cap_path = dir.join("cap.jsonl");
+    let mut a = peer();
+    let agent = Agent::capture(&["--pid", &a.pid.to_string()], &cap_path);
+    let mut c = TcpStream::connect(("127.0.0.1", a.port)).unwrap();
+    a.cmd("accept");
+    let n = 8;
+    a.send(&format!("serve-sse {n} 15"));
+    let body = r#"{"model":"sim","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hello"}]}"#;
+    write!(
+        c,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut resp = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !resp.ends_with(b"0\r\n\r\n") {
+        let k = c.read(&mut buf).unwrap();
+        assert!(k > 0, "server closed early");
+        resp.extend_from_slice(&buf[..k]);
+    }
+    let reply = a.line(Duration::from_secs(30));
+    let truth: Value = serde_json::from_str(reply.strip_prefix("done ").unwrap()).unwrap();
+    a.cmd("close");
+    std::thread::sleep(Duration::from_millis(100));
+    let cap = agent.stop();
+    assert!(cap.exit_ok);
+
+    let log = dir.join("requests.jsonl");
+    let st = Command::new(tokentap_bin())
+        .arg("replay")
+        .arg(&cap_path)
+        .arg("--requests-log")
+        .arg(&log)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let recs = tokentap_tests::read_jsonl(&log);
+    assert_eq!(recs.len(), 1, "{recs:?}");
+    let r = &recs[0];
+    let t_read = truth["t_read"].as_u64().unwrap() as f64;
+    let writes: Vec<f64> = truth["writes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as f64)
+        .collect();
+    let want_ttft = (writes[0] - t_read) / 1e9;
+    let want_tpot = (writes[n - 1] - writes[0]) / 1e9 / (n as f64 - 1.0);
+    let ttft = r["ttft_s"].as_f64().unwrap();
+    let tpot = r["tpot_s"].as_f64().unwrap();
+    eprintln!(
+        "ttft agent {ttft:.6} s, server {want_ttft:.6} s (diff {:+.1} µs); tpot agent {tpot:.6} s, server {want_tpot:.6} s (diff {:+.1} µs)",
+        (ttft - want_ttft) * 1e6,
+        (tpot - want_tpot) * 1e6
+    );
+    // The server's clock is read just after its calls return; the kernel's
+    // just before: they agree to well under 2 ms on loopback.
+    assert!(
+        (ttft - want_ttft).abs() < 0.002,
+        "ttft {ttft} vs server {want_ttft}"
+    );
+    assert!(
+        (tpot - want_tpot).abs() < 0.002,
+        "tpot {tpot} vs server {want_tpot}"
+    );
+    assert_eq!(r["chunks"], n as u64);
+    assert_eq!(r["output_tokens"], n as u64);
+    assert_eq!(r["input_tokens"], 7);
+    assert_eq!(r["tokens_exact"], true);
+    assert_eq!(r["status"], 200);
+    assert_eq!(r["request_model"], "sim");
+    assert_eq!(r["response_model"], "sim");
+    assert_eq!(r["server_port"], a.port);
+    assert_eq!(r["client"], c.local_addr().unwrap().to_string());
+    assert_eq!(r["error_type"], Value::Null);
+}

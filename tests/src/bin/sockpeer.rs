@@ -170,6 +170,60 @@ fn noise() {
     }
 }
 
+fn now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+/// Answers one OpenAI-style chat request with a chunked SSE stream: a
+/// role-only chunk, `n` content chunks `gap` apart (the first one `gap`
+/// after the request), a usage chunk and [DONE]. Returns the wall-clock
+/// times (taken right after each call returned) as JSON, the ground truth
+/// the agent's numbers are compared with.
+fn serve_sse(fd: i32, n: usize, gap: Duration) -> String {
+    let mut req = Vec::new();
+    let mut t_read = 0;
+    let mut buf = vec![0u8; 65536];
+    loop {
+        let r = read_once(fd, &mut buf, "read");
+        assert!(r > 0, "request read failed");
+        if t_read == 0 {
+            t_read = now_ns();
+        }
+        req.extend_from_slice(&buf[..r as usize]);
+        if let Some(h) = req.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&req[..h]).to_ascii_lowercase();
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0);
+            if req.len() >= h + 4 + len {
+                break;
+            }
+        }
+    }
+    let chunk = |s: &str| format!("{:x}\r\n{s}\r\n", s.len());
+    let head =
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+    let role = chunk("data: {\"model\":\"sim\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n");
+    write_all_with(fd, format!("{head}{role}").as_bytes(), "write");
+    let mut writes = vec![];
+    for i in 0..n {
+        std::thread::sleep(gap);
+        let c = chunk(&format!("data: {{\"model\":\"sim\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"tok{i} \"}}}}]}}\n\n"));
+        // Alternate write paths like real engines do.
+        write_all_with(fd, c.as_bytes(), if i % 2 == 0 { "writev" } else { "send" });
+        writes.push(now_ns());
+    }
+    let tail = chunk(&format!("data: {{\"model\":\"sim\",\"choices\":[],\"usage\":{{\"prompt_tokens\":7,\"completion_tokens\":{n}}}}}\n\ndata: [DONE]\n\n")) + "0\r\n\r\n";
+    write_all_with(fd, tail.as_bytes(), "write");
+    let t_end = now_ns();
+    format!("done {{\"t_read\":{t_read},\"writes\":{writes:?},\"t_end\":{t_end}}}")
+}
+
 fn main() {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
     let lfd = listener.as_raw_fd();
@@ -261,6 +315,11 @@ fn main() {
                     std::thread::sleep(gap);
                 };
                 format!("done {e}")
+            }
+            ["serve-sse", n, gap_ms] => {
+                let n: usize = n.parse().expect("N");
+                let gap = Duration::from_millis(gap_ms.parse().expect("GAP_MS"));
+                serve_sse(conn, n, gap)
             }
             ["close"] => {
                 // SAFETY: closing our own fd.
