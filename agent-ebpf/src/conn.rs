@@ -101,28 +101,33 @@ pub fn sys_enter_accept4(ctx: TracePointContext) -> u32 {
 }
 
 #[inline(always)]
-fn accept_exit(ctx: &TracePointContext) -> u32 {
+fn accept_exit(ctx: &TracePointContext, sc: Syscall) -> u32 {
     let id = bpf_get_current_pid_tgid();
-    let p = match disarm(id) {
-        Some(p) => p,
+    let (listen_fd, addr) = match disarm(id) {
+        Some(p) => (p.fd, p.ptr),
+        // A server blocks in accept: the call was already in progress when
+        // the programs were attached, so its enter was not seen. Track the
+        // new connection anyway, without an address (userspace resolves
+        // it and untracks it if it is not TCP).
+        None if targeted((id >> 32) as u32) => (-1, 0),
         None => return 0,
     };
     let r = ret(ctx);
     if r < 0 {
         return 0;
     }
-    track(id, r as i32, p.fd, p.ptr, ROLE_SERVER, p.syscall);
+    track(id, r as i32, listen_fd, addr, ROLE_SERVER, sc as u8);
     0
 }
 
 #[tracepoint]
 pub fn sys_exit_accept(ctx: TracePointContext) -> u32 {
-    accept_exit(&ctx)
+    accept_exit(&ctx, Syscall::Accept)
 }
 
 #[tracepoint]
 pub fn sys_exit_accept4(ctx: TracePointContext) -> u32 {
-    accept_exit(&ctx)
+    accept_exit(&ctx, Syscall::Accept4)
 }
 
 #[tracepoint]

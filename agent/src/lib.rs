@@ -6,6 +6,7 @@
 
 pub mod capfile;
 pub mod capture;
+pub mod console;
 pub mod decode;
 pub mod event;
 pub mod requests;

@@ -7,6 +7,7 @@ use clap::{Args, Parser, Subcommand};
 use tokentap::{
     capfile::Writer,
     capture::{Capture, CaptureOptions},
+    console::Console,
     decode::Decoder,
     event::SocketEvent,
     requests::RequestLog,
@@ -28,6 +29,11 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// Run the agent: capture the targets' traffic, decode every LLM
+    /// request, write the request log, show the live console view.
+    ///
+    /// Example: tokentap run --port 8000 --requests-log requests.jsonl
+    Run(RunArgs),
     /// Record the raw socket traffic of processes to a capture file.
     ///
     /// The file is JSON Lines, one socket event per line (open, data,
@@ -49,6 +55,37 @@ enum Cmd {
         #[arg(long, value_name = "SECS", default_value_t = 10.0)]
         duration: f64,
     },
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// Capture this inference-server process (repeatable).
+    #[arg(long = "pid", value_name = "PID")]
+    pids: Vec<u32>,
+    /// Only server connections on this local port (repeatable). Without
+    /// --pid, every process listening on it is captured.
+    #[arg(long = "port", value_name = "PORT")]
+    ports: Vec<u16>,
+    /// Append one JSON object per finished request to PATH ("-" for
+    /// stdout; the console then goes to stderr). No prompt or completion
+    /// text is written. Keys: docs/metrics.md.
+    #[arg(long, value_name = "PATH")]
+    requests_log: Option<PathBuf>,
+    /// Do not show the console view.
+    #[arg(long)]
+    no_console: bool,
+    /// Sliding window of the console view, in seconds.
+    #[arg(long, value_name = "SECS", default_value_t = 60)]
+    console_window: u64,
+    /// Seconds between console updates (default: 1 on a terminal, 10 as
+    /// plain lines otherwise).
+    #[arg(long, value_name = "SECS")]
+    console_interval: Option<f64>,
+    /// Stop after this many seconds (default: until Ctrl-C / SIGTERM).
+    #[arg(long, value_name = "SECS")]
+    duration: Option<f64>,
+    #[command(flatten)]
+    kernel: KernelArgs,
 }
 
 #[derive(Args)]
@@ -116,6 +153,7 @@ fn main() -> ExitCode {
     };
     let res = rt.block_on(async {
         match cli.cmd {
+            Cmd::Run(a) => run(a).await,
             Cmd::Capture(a) => capture(a).await,
             Cmd::Replay(a) => replay(a).await,
             Cmd::Floor { duration } => floor(duration).await,
@@ -144,6 +182,136 @@ async fn shutdown_signal() {
         _ = int.recv() => {},
         _ = term.recv() => {},
     }
+}
+
+fn stdout_is_terminal() -> bool {
+    // SAFETY: isatty has no preconditions.
+    unsafe { libc::isatty(1) == 1 }
+}
+
+fn now_wall_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+async fn run(a: RunArgs) -> Result<()> {
+    if a.pids.is_empty() && a.ports.is_empty() {
+        bail!(
+            "run needs at least one --pid PID or --port PORT for now (automatic discovery of \
+             inference servers is not built yet; see `tokentap run --help`)"
+        );
+    }
+    let opts = CaptureOptions {
+        pids: a.pids.clone(),
+        ports: a.ports.clone(),
+        ring_bytes: a.kernel.ring_buffer_bytes,
+        max_call_bytes: a.kernel.max_call_bytes,
+        max_conns: a.kernel.max_conns,
+        ..CaptureOptions::default()
+    };
+    let mut log = match &a.requests_log {
+        Some(p) => Some(RequestLog::create(p)?),
+        None => None,
+    };
+    let log_on_stdout = a
+        .requests_log
+        .as_deref()
+        .is_some_and(|p| p.as_os_str() == "-");
+    let tty = stdout_is_terminal() && !log_on_stdout;
+    let show = !a.no_console;
+    let every = Duration::from_secs_f64(
+        a.console_interval
+            .unwrap_or(if tty { 1.0 } else { 10.0 })
+            .max(0.1),
+    );
+    let mut console = Console::new(a.console_window);
+
+    let mut cap = Capture::start(&opts)?;
+    let mut batch: Vec<SocketEvent> = Vec::new();
+    cap.seed(&mut batch);
+    eprintln!(
+        "tokentap: running on pids {:?}{}; ready",
+        cap.targets(),
+        if a.ports.is_empty() {
+            String::new()
+        } else {
+            format!(" ports {:?}", a.ports)
+        }
+    );
+    let mut src = EventSource::Live(Box::new(cap));
+    let mut decoder = Decoder::new();
+    let mut records = Vec::new();
+    let deadline = async {
+        match a.duration {
+            Some(s) => tokio::time::sleep(Duration::from_secs_f64(s.max(0.0))).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(deadline);
+    let stop = shutdown_signal();
+    tokio::pin!(stop);
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        for ev in batch.drain(..) {
+            decoder.on_event(&ev, &mut records);
+        }
+        for r in records.drain(..) {
+            if let Some(l) = log.as_mut() {
+                l.write(&r)?;
+            }
+            console.record(&r);
+        }
+        tokio::select! {
+            res = src.next_batch(&mut batch) => { res?; }
+            _ = tick.tick() => {
+                if let Some(l) = log.as_mut() {
+                    l.flush()?;
+                }
+                if show {
+                    let rows = console.rows(now_wall_ns());
+                    let st = src.capture_stats().unwrap_or_default();
+                    let health = format!(
+                        "events {} dropped {} conns {} decode errors {}",
+                        st.events, st.records_dropped, st.conns_active, decoder.stats.desyncs
+                    );
+                    if tty {
+                        print!("\x1b[2J\x1b[H{}", Console::render(&rows, decoder.in_flight(), &health));
+                        let _ = std::io::Write::flush(&mut std::io::stdout());
+                    } else {
+                        for line in Console::lines(&rows, decoder.in_flight()) {
+                            if log_on_stdout { eprintln!("{line}") } else { println!("{line}") }
+                        }
+                    }
+                }
+            }
+            _ = &mut deadline => break,
+            _ = &mut stop => break,
+        }
+    }
+    src.finish(&mut batch);
+    for ev in batch.drain(..) {
+        decoder.on_event(&ev, &mut records);
+    }
+    for r in records.drain(..) {
+        if let Some(l) = log.as_mut() {
+            l.write(&r)?;
+        }
+    }
+    if let Some(l) = log.as_mut() {
+        l.flush()?;
+    }
+    let st = src.capture_stats().unwrap_or_default();
+    eprintln!(
+        "tokentap: {} requests recorded, {} still in flight at shutdown (not recorded); capture {}; decode {}",
+        decoder.stats.records,
+        decoder.in_flight(),
+        serde_json::to_string(&st).unwrap_or_default(),
+        serde_json::to_string(&decoder.stats).unwrap_or_default()
+    );
+    Ok(())
 }
 
 async fn capture(a: CaptureArgs) -> Result<()> {

@@ -405,32 +405,27 @@ fn a_captured_sse_stream_replays_into_a_request_record_matching_the_servers_cloc
     let recs = tokentap_tests::read_jsonl(&log);
     assert_eq!(recs.len(), 1, "{recs:?}");
     let r = &recs[0];
-    let t_read = truth["t_read"].as_u64().unwrap() as f64;
-    let writes: Vec<f64> = truth["writes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_u64().unwrap() as f64)
-        .collect();
-    let want_ttft = (writes[0] - t_read) / 1e9;
-    let want_tpot = (writes[n - 1] - writes[0]) / 1e9 / (n as f64 - 1.0);
+    let br = |v: &Value| (v[0].as_u64().unwrap() as f64 / 1e9, v[1].as_u64().unwrap() as f64 / 1e9);
+    let (read_lo, read_hi) = br(&truth["read"]);
+    let writes: Vec<(f64, f64)> = truth["writes"].as_array().unwrap().iter().map(br).collect();
+    let (f_lo, f_hi) = writes[0];
+    let (l_lo, l_hi) = writes[n - 1];
     let ttft = r["ttft_s"].as_f64().unwrap();
     let tpot = r["tpot_s"].as_f64().unwrap();
+    let k = (n - 1) as f64;
+    // The kernel's timestamps lie inside the server's clock brackets (its
+    // clock just before and just after each call), so the agent's numbers
+    // lie inside the derived intervals; 200 µs covers clock conversion.
+    let slack = 200e-6;
     eprintln!(
-        "ttft agent {ttft:.6} s, server {want_ttft:.6} s (diff {:+.1} µs); tpot agent {tpot:.6} s, server {want_tpot:.6} s (diff {:+.1} µs)",
-        (ttft - want_ttft) * 1e6,
-        (tpot - want_tpot) * 1e6
+        "ttft agent {ttft:.6} s, server bracket [{:.6}, {:.6}]; tpot agent {tpot:.6} s, server bracket [{:.6}, {:.6}]",
+        f_lo - read_hi,
+        f_hi - read_lo,
+        (l_lo - f_hi) / k,
+        (l_hi - f_lo) / k
     );
-    // The server's clock is read just after its calls return; the kernel's
-    // just before: they agree to well under 2 ms on loopback.
-    assert!(
-        (ttft - want_ttft).abs() < 0.002,
-        "ttft {ttft} vs server {want_ttft}"
-    );
-    assert!(
-        (tpot - want_tpot).abs() < 0.002,
-        "tpot {tpot} vs server {want_tpot}"
-    );
+    assert!(ttft >= f_lo - read_hi - slack && ttft <= f_hi - read_lo + slack, "ttft {ttft} outside the server's bracket");
+    assert!(tpot >= (l_lo - f_hi) / k - slack && tpot <= (l_hi - f_lo) / k + slack, "tpot {tpot} outside the server's bracket");
     assert_eq!(r["chunks"], n as u64);
     assert_eq!(r["output_tokens"], n as u64);
     assert_eq!(r["input_tokens"], 7);

@@ -179,18 +179,24 @@ fn now_ns() -> u64 {
 
 /// Answers one OpenAI-style chat request with a chunked SSE stream: a
 /// role-only chunk, `n` content chunks `gap` apart (the first one `gap`
-/// after the request), a usage chunk and [DONE]. Returns the wall-clock
-/// times (taken right after each call returned) as JSON, the ground truth
-/// the agent's numbers are compared with.
+/// after the request), a usage chunk and [DONE]. Returns, as JSON, the
+/// wall-clock bracket [just before, just after] of the first request read
+/// (entered once poll says data is there) and of each content write: the
+/// kernel's timestamps lie inside them even when this process is preempted.
 fn serve_sse(fd: i32, n: usize, gap: Duration) -> String {
     let mut req = Vec::new();
-    let mut t_read = 0;
+    let mut t_read = [0u64; 2];
     let mut buf = vec![0u8; 65536];
     loop {
+        let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd.
+        unsafe { libc::poll(&mut pfd, 1, -1) };
+        let lo = now_ns();
         let r = read_once(fd, &mut buf, "read");
+        let hi = now_ns();
         assert!(r > 0, "request read failed");
-        if t_read == 0 {
-            t_read = now_ns();
+        if t_read[0] == 0 {
+            t_read = [lo, hi];
         }
         req.extend_from_slice(&buf[..r as usize]);
         if let Some(h) = req.windows(4).position(|w| w == b"\r\n\r\n") {
@@ -215,13 +221,14 @@ fn serve_sse(fd: i32, n: usize, gap: Duration) -> String {
         std::thread::sleep(gap);
         let c = chunk(&format!("data: {{\"model\":\"sim\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"tok{i} \"}}}}]}}\n\n"));
         // Alternate write paths like real engines do.
+        let lo = now_ns();
         write_all_with(fd, c.as_bytes(), if i % 2 == 0 { "writev" } else { "send" });
-        writes.push(now_ns());
+        writes.push([lo, now_ns()]);
     }
     let tail = chunk(&format!("data: {{\"model\":\"sim\",\"choices\":[],\"usage\":{{\"prompt_tokens\":7,\"completion_tokens\":{n}}}}}\n\ndata: [DONE]\n\n")) + "0\r\n\r\n";
     write_all_with(fd, tail.as_bytes(), "write");
     let t_end = now_ns();
-    format!("done {{\"t_read\":{t_read},\"writes\":{writes:?},\"t_end\":{t_end}}}")
+    format!("done {{\"read\":{t_read:?},\"writes\":{writes:?},\"t_end\":{t_end}}}")
 }
 
 fn main() {

@@ -1,0 +1,236 @@
+//! A simulated OpenAI-compatible inference engine with a known schedule,
+//! for tests and the demo. Each request says how it wants to be answered,
+//! in an extra `sim` object of the JSON body:
+//!
+//!   {"model":"sim-a","stream":true,"stream_options":{"include_usage":true},
+//!    "messages":[…],"sim":{"id":7,"ttft_ms":20,"gap_ms":3,"tokens":12,
+//!    "status":200,"write":"writev"}}
+//!
+//! `status` other than 200 answers with that error; `write` picks the
+//! syscall for stream chunks (`write`, `writev`, `send`), like engines that
+//! differ in their I/O paths. The engine appends one JSON line per request
+//! to the truth file (`--truth PATH`) with wall-clock times read right after
+//! its own calls: each instant is a bracket `[lo, hi]` — the clock read just
+//! before the syscall and just after it returned — because the kernel's
+//! timestamp (syscall exit) lies in between even when the engine is
+//! preempted. `read` (first read of the request, entered only once poll says
+//! data is there), `first`/`last` (first/last content write), `end` (last
+//! write); plus the token count and the outcome (`client_disconnect` when a
+//! write failed).
+//!
+//! Usage: simengine [--port N] [--truth PATH]; prints `listening PORT`.
+
+use std::{
+    io::Write,
+    net::{TcpListener, TcpStream},
+    os::fd::AsRawFd,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use serde_json::{json, Value};
+
+fn now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+/// Like `sys_write`, returning the [before, after] clock bracket of the
+/// call that wrote the last byte.
+fn timed_write(fd: i32, data: &[u8], how: &str) -> Option<[u64; 2]> {
+    let lo = now_ns();
+    let ok = sys_write(fd, data, how);
+    let hi = now_ns();
+    ok.then_some([lo, hi])
+}
+
+fn sys_write(fd: i32, data: &[u8], how: &str) -> bool {
+    let mut off = 0;
+    while off < data.len() {
+        let rest = &data[off..];
+        // SAFETY: valid buffers for the calls below.
+        let r = unsafe {
+            match how {
+                "writev" => {
+                    let (a, b) = rest.split_at(rest.len() / 2);
+                    let iov = [
+                        libc::iovec {
+                            iov_base: a.as_ptr() as *mut _,
+                            iov_len: a.len(),
+                        },
+                        libc::iovec {
+                            iov_base: b.as_ptr() as *mut _,
+                            iov_len: b.len(),
+                        },
+                    ];
+                    libc::writev(fd, iov.as_ptr(), 2)
+                }
+                "send" => libc::send(fd, rest.as_ptr().cast(), rest.len(), libc::MSG_NOSIGNAL),
+                _ => libc::write(fd, rest.as_ptr().cast(), rest.len()),
+            }
+        };
+        if r <= 0 {
+            return false;
+        }
+        off += r as usize;
+    }
+    true
+}
+
+/// Reads one request (head + Content-Length body); None at EOF.
+fn read_request(fd: i32, pending: &mut Vec<u8>) -> Option<([u64; 2], Value)> {
+    let mut t_read = [0u64; 2];
+    let mut buf = vec![0u8; 65536];
+    loop {
+        if let Some(h) = pending.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&pending[..h]).to_ascii_lowercase();
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0);
+            if pending.len() >= h + 4 + len {
+                let body: Value =
+                    serde_json::from_slice(&pending[h + 4..h + 4 + len]).unwrap_or(Value::Null);
+                pending.drain(..h + 4 + len);
+                return Some((t_read, body));
+            }
+        }
+        // Wait for data first, so the read itself does not block and its
+        // clock bracket is tight.
+        let mut pfd = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        unsafe { libc::poll(&mut pfd, 1, -1) };
+        let lo = now_ns();
+        // SAFETY: valid buffer.
+        let r = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+        let hi = now_ns();
+        if r <= 0 {
+            return None;
+        }
+        if t_read[0] == 0 && pending.is_empty() {
+            t_read = [lo, hi];
+        }
+        pending.extend_from_slice(&buf[..r as usize]);
+    }
+}
+
+fn chunk(s: &str) -> String {
+    format!("{:x}\r\n{s}\r\n", s.len())
+}
+
+fn serve(stream: TcpStream, truth: Arc<Mutex<Option<std::fs::File>>>) {
+    let fd = stream.as_raw_fd();
+    let peer = stream
+        .peer_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_default();
+    let mut pending = Vec::new();
+    while let Some((t_read, body)) = read_request(fd, &mut pending) {
+        let sim = &body["sim"];
+        let get = |k: &str, d: u64| sim[k].as_u64().unwrap_or(d);
+        let id = get("id", 0);
+        let status = get("status", 200);
+        let ttft = Duration::from_millis(get("ttft_ms", 10));
+        let gap = Duration::from_millis(get("gap_ms", 2));
+        let tokens = get("tokens", 8) as usize;
+        let how = sim["write"].as_str().unwrap_or("write").to_string();
+        let model = body["model"].as_str().unwrap_or("sim").to_string();
+        let stream_req = body["stream"].as_bool().unwrap_or(false);
+        let usage = body["stream_options"]["include_usage"]
+            .as_bool()
+            .unwrap_or(false);
+        let mut t = json!({"id": id, "client": peer, "read": t_read, "status": status, "tokens": tokens, "stream": stream_req, "usage": usage});
+        let mut ok = true;
+        let mut end: Option<[u64; 2]> = None;
+        if status != 200 {
+            let b = json!({"error": {"message": "simulated", "code": status}}).to_string();
+            end = timed_write(fd, format!("HTTP/1.1 {status} Error\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{b}", b.len()).as_bytes(), "write");
+            ok = end.is_some();
+        } else if !stream_req {
+            std::thread::sleep(ttft + gap * tokens as u32);
+            let b = json!({"model": model, "choices": [{"index": 0, "message": {"role": "assistant", "content": "tok ".repeat(tokens)}, "finish_reason": "length"}], "usage": {"prompt_tokens": 5, "completion_tokens": tokens}}).to_string();
+            end = timed_write(fd, format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{b}", b.len()).as_bytes(), "write");
+            ok = end.is_some();
+        } else {
+            let role = json!({"model": model, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]});
+            ok &= sys_write(fd, format!("HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n{}", chunk(&format!("data: {role}\n\n"))).as_bytes(), "write");
+            let mut first: Option<[u64; 2]> = None;
+            let mut last: Option<[u64; 2]> = None;
+            for i in 0..tokens {
+                if !ok {
+                    break;
+                }
+                std::thread::sleep(if i == 0 { ttft } else { gap });
+                let c = json!({"model": model, "choices": [{"index": 0, "delta": {"content": format!("tok{i} ")}}]});
+                match timed_write(fd, chunk(&format!("data: {c}\n\n")).as_bytes(), &how) {
+                    Some(b) => {
+                        first.get_or_insert(b);
+                        last = Some(b);
+                    }
+                    None => ok = false,
+                }
+            }
+            if ok {
+                let mut tail = String::new();
+                tail += &chunk(&format!(
+                    "data: {}\n\n",
+                    json!({"model": model, "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]})
+                ));
+                if usage {
+                    tail += &chunk(&format!(
+                        "data: {}\n\n",
+                        json!({"model": model, "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": tokens}})
+                    ));
+                }
+                tail += &chunk("data: [DONE]\n\n");
+                tail += "0\r\n\r\n";
+                end = timed_write(fd, tail.as_bytes(), "write");
+                ok = end.is_some();
+            }
+            t["first"] = json!(first);
+            t["last"] = json!(last);
+        }
+        t["end"] = json!(end);
+        t["outcome"] = json!(if ok { "ok" } else { "client_disconnect" });
+        if let Some(f) = truth.lock().unwrap().as_mut() {
+            let _ = writeln!(f, "{t}");
+            let _ = f.flush();
+        }
+        if !ok {
+            break;
+        }
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let opt = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
+    let port: u16 = opt("--port").and_then(|p| p.parse().ok()).unwrap_or(0);
+    let truth = opt("--truth").map(|p| {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(p)
+            .expect("truth file")
+    });
+    let truth = Arc::new(Mutex::new(truth));
+    let l = TcpListener::bind(("127.0.0.1", port)).expect("bind");
+    println!("listening {}", l.local_addr().expect("addr").port());
+    std::io::stdout().flush().ok();
+    for s in l.incoming().flatten() {
+        let t = truth.clone();
+        std::thread::spawn(move || serve(s, t));
+    }
+}
