@@ -241,6 +241,9 @@ mod tests {
         );
         assert!((r.error_rate - 0.1).abs() < 1e-9);
         assert!((r.output_tps - 1000.0 / 60.0).abs() < 1e-9);
-        assert!(c.rows(1200 * 1_000_000_000).is_empty(), "old samples leave the window");
+        assert!(
+            c.rows(1200 * 1_000_000_000).is_empty(),
+            "old samples leave the window"
+        );
     }
 }

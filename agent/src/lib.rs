@@ -9,5 +9,6 @@ pub mod capture;
 pub mod console;
 pub mod decode;
 pub mod event;
+pub mod metrics;
 pub mod requests;
 pub mod source;

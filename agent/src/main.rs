@@ -10,6 +10,7 @@ use tokentap::{
     console::Console,
     decode::Decoder,
     event::SocketEvent,
+    metrics::{Metrics, MetricsConfig, OtlpProtocol},
     requests::RequestLog,
     source::EventSource,
 };
@@ -84,6 +85,25 @@ struct RunArgs {
     /// Stop after this many seconds (default: until Ctrl-C / SIGTERM).
     #[arg(long, value_name = "SECS")]
     duration: Option<f64>,
+    /// Export OTLP metrics to this collector (e.g. http://127.0.0.1:4317
+    /// for gRPC, http://127.0.0.1:4318 for HTTP). Without it, metrics are
+    /// exported only when OTEL_EXPORTER_OTLP_ENDPOINT is set.
+    #[arg(long, value_name = "URL")]
+    otlp_endpoint: Option<String>,
+    /// OTLP transport: grpc or http/protobuf (default: OTEL_EXPORTER_OTLP_PROTOCOL, else grpc).
+    #[arg(long, value_name = "PROTO")]
+    otlp_protocol: Option<String>,
+    /// Seconds between metric exports.
+    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
+    export_interval: f64,
+    /// Export base-2 exponential histograms instead of the semantic
+    /// conventions' explicit buckets.
+    #[arg(long)]
+    exponential_histograms: bool,
+    /// Distinct model names used as metric attribute values; later ones
+    /// are exported as "other" (cardinality cap).
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    max_models: usize,
     #[command(flatten)]
     kernel: KernelArgs,
 }
@@ -227,6 +247,26 @@ async fn run(a: RunArgs) -> Result<()> {
             .max(0.1),
     );
     let mut console = Console::new(a.console_window);
+    let protocol = match &a.otlp_protocol {
+        Some(p) => p.parse::<OtlpProtocol>().map_err(anyhow::Error::msg)?,
+        None => std::env::var("OTEL_EXPORTER_OTLP_PROTOCOL")
+            .ok()
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(OtlpProtocol::Grpc),
+    };
+    let export =
+        a.otlp_endpoint.is_some() || std::env::var_os("OTEL_EXPORTER_OTLP_ENDPOINT").is_some();
+    let mut metrics = if export {
+        Some(Metrics::new(&MetricsConfig {
+            endpoint: a.otlp_endpoint.clone(),
+            protocol,
+            interval: Duration::from_secs_f64(a.export_interval.max(0.1)),
+            exponential: a.exponential_histograms,
+            max_models: a.max_models,
+        })?)
+    } else {
+        None
+    };
 
     let mut cap = Capture::start(&opts)?;
     let mut batch: Vec<SocketEvent> = Vec::new();
@@ -263,12 +303,24 @@ async fn run(a: RunArgs) -> Result<()> {
                 l.write(&r)?;
             }
             console.record(&r);
+            if let Some(m) = metrics.as_mut() {
+                m.record(&r);
+            }
         }
         tokio::select! {
             res = src.next_batch(&mut batch) => { res?; }
             _ = tick.tick() => {
                 if let Some(l) = log.as_mut() {
                     l.flush()?;
+                }
+                if let Some(m) = metrics.as_ref() {
+                    use std::sync::atomic::Ordering::Relaxed;
+                    let st = src.capture_stats().unwrap_or_default();
+                    m.health.events.store(st.events, Relaxed);
+                    m.health.dropped.store(st.records_dropped, Relaxed);
+                    m.health.connections.store(st.conns_active as i64, Relaxed);
+                    m.health.decode_errors.store(decoder.stats.desyncs, Relaxed);
+                    m.health.in_flight.store(decoder.in_flight() as i64, Relaxed);
                 }
                 if show {
                     let rows = console.rows(now_wall_ns());
@@ -299,9 +351,17 @@ async fn run(a: RunArgs) -> Result<()> {
         if let Some(l) = log.as_mut() {
             l.write(&r)?;
         }
+        if let Some(m) = metrics.as_mut() {
+            m.record(&r);
+        }
     }
     if let Some(l) = log.as_mut() {
         l.flush()?;
+    }
+    if let Some(m) = metrics.take() {
+        // Blocking final export, off the async workers (the gRPC client
+        // needs them to make progress meanwhile).
+        let _ = tokio::task::spawn_blocking(move || m.shutdown()).await;
     }
     let st = src.capture_stats().unwrap_or_default();
     eprintln!(

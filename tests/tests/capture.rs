@@ -405,7 +405,12 @@ fn a_captured_sse_stream_replays_into_a_request_record_matching_the_servers_cloc
     let recs = tokentap_tests::read_jsonl(&log);
     assert_eq!(recs.len(), 1, "{recs:?}");
     let r = &recs[0];
-    let br = |v: &Value| (v[0].as_u64().unwrap() as f64 / 1e9, v[1].as_u64().unwrap() as f64 / 1e9);
+    let br = |v: &Value| {
+        (
+            v[0].as_u64().unwrap() as f64 / 1e9,
+            v[1].as_u64().unwrap() as f64 / 1e9,
+        )
+    };
     let (read_lo, read_hi) = br(&truth["read"]);
     let writes: Vec<(f64, f64)> = truth["writes"].as_array().unwrap().iter().map(br).collect();
     let (f_lo, f_hi) = writes[0];
@@ -424,8 +429,14 @@ fn a_captured_sse_stream_replays_into_a_request_record_matching_the_servers_cloc
         (l_lo - f_hi) / k,
         (l_hi - f_lo) / k
     );
-    assert!(ttft >= f_lo - read_hi - slack && ttft <= f_hi - read_lo + slack, "ttft {ttft} outside the server's bracket");
-    assert!(tpot >= (l_lo - f_hi) / k - slack && tpot <= (l_hi - f_lo) / k + slack, "tpot {tpot} outside the server's bracket");
+    assert!(
+        ttft >= f_lo - read_hi - slack && ttft <= f_hi - read_lo + slack,
+        "ttft {ttft} outside the server's bracket"
+    );
+    assert!(
+        tpot >= (l_lo - f_hi) / k - slack && tpot <= (l_hi - f_lo) / k + slack,
+        "tpot {tpot} outside the server's bracket"
+    );
     assert_eq!(r["chunks"], n as u64);
     assert_eq!(r["output_tokens"], n as u64);
     assert_eq!(r["input_tokens"], 7);

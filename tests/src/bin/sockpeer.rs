@@ -188,7 +188,11 @@ fn serve_sse(fd: i32, n: usize, gap: Duration) -> String {
     let mut t_read = [0u64; 2];
     let mut buf = vec![0u8; 65536];
     loop {
-        let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+        let mut pfd = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
         // SAFETY: one valid pollfd.
         unsafe { libc::poll(&mut pfd, 1, -1) };
         let lo = now_ns();

@@ -1,0 +1,442 @@
+//! OTLP metrics: request records → OpenTelemetry instruments (names,
+//! units and bucket boundaries of the GenAI semantic conventions, DESIGN
+//! §4), plus the agent's own health, exported by the SDK's periodic reader
+//! over gRPC or HTTP/protobuf.
+//!
+//! Owns: the meter provider and its instruments, attribute cardinality
+//! caps, export failure accounting. Must not: block the capture loop (the
+//! SDK exports on its own thread; a dead collector only costs that thread
+//! retries) or put unbounded values into attributes.
+
+use std::{
+    collections::HashSet,
+    sync::{
+        atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering},
+        Arc,
+    },
+    time::Duration,
+};
+
+use anyhow::{bail, Context, Result};
+use opentelemetry::{
+    metrics::{Counter, Histogram, MeterProvider as _},
+    KeyValue,
+};
+use opentelemetry_otlp::{Protocol, WithExportConfig};
+use opentelemetry_sdk::{
+    error::OTelSdkResult,
+    metrics::{
+        data::ResourceMetrics, exporter::PushMetricExporter, Aggregation, Instrument,
+        InstrumentKind, PeriodicReader, SdkMeterProvider, Stream, Temporality,
+    },
+    Resource,
+};
+
+use crate::requests::RequestRecord;
+
+/// GenAI semantic conventions' explicit bucket boundaries.
+pub const TTFT_BUCKETS: [f64; 16] = [
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+];
+pub const TPOT_BUCKETS: [f64; 13] = [
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
+];
+pub const DURATION_BUCKETS: [f64; 14] = [
+    0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
+];
+pub const TOKEN_BUCKETS: [f64; 14] = [
+    1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0, 4194304.0,
+    16777216.0, 67108864.0,
+];
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OtlpProtocol {
+    Grpc,
+    HttpProtobuf,
+}
+
+impl std::str::FromStr for OtlpProtocol {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "grpc" => Ok(Self::Grpc),
+            "http/protobuf" | "http" => Ok(Self::HttpProtobuf),
+            other => Err(format!(
+                "unknown OTLP protocol {other:?}: use grpc or http/protobuf"
+            )),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct MetricsConfig {
+    /// Collector endpoint; None: from OTEL_EXPORTER_OTLP_ENDPOINT.
+    pub endpoint: Option<String>,
+    pub protocol: OtlpProtocol,
+    pub interval: Duration,
+    /// Base-2 exponential histograms instead of the explicit buckets.
+    pub exponential: bool,
+    /// Distinct model names kept as attribute values; the rest are "other".
+    pub max_models: usize,
+}
+
+/// The agent's health, written by the capture loop, read at each export.
+#[derive(Default)]
+pub struct Health {
+    pub events: AtomicU64,
+    pub dropped: AtomicU64,
+    pub decode_errors: AtomicU64,
+    pub connections: AtomicI64,
+    pub in_flight: AtomicI64,
+    pub export_failures: AtomicU64,
+}
+
+/// Wraps the OTLP exporter to count failures and report them once per
+/// export interval (never per record), and to say when exports recover.
+struct Counted<E> {
+    inner: E,
+    health: Arc<Health>,
+    failing: AtomicBool,
+    target: String,
+}
+
+impl<E: PushMetricExporter> PushMetricExporter for Counted<E> {
+    async fn export(&self, metrics: &ResourceMetrics) -> OTelSdkResult {
+        let r = self.inner.export(metrics).await;
+        match &r {
+            Ok(()) => {
+                if self.failing.swap(false, Ordering::Relaxed) {
+                    eprintln!("tokentap: OTLP export to {} works again", self.target);
+                }
+            }
+            Err(e) => {
+                self.health.export_failures.fetch_add(1, Ordering::Relaxed);
+                self.failing.store(true, Ordering::Relaxed);
+                eprintln!(
+                    "tokentap: OTLP export to {} failed ({e}); capture goes on, the next interval retries",
+                    self.target
+                );
+            }
+        }
+        r
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn temporality(&self) -> Temporality {
+        self.inner.temporality()
+    }
+}
+
+pub struct Metrics {
+    provider: SdkMeterProvider,
+    ttft: Histogram<f64>,
+    tpot: Histogram<f64>,
+    duration: Histogram<f64>,
+    chunk: Histogram<f64>,
+    tokens: Histogram<u64>,
+    requests: Counter<u64>,
+    models: HashSet<String>,
+    max_models: usize,
+    pub health: Arc<Health>,
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// The HTTP exporter wants the full URL; accept a bare collector address.
+fn http_url(endpoint: &str) -> String {
+    let e = endpoint.trim_end_matches('/');
+    if e.ends_with("/v1/metrics") {
+        e.to_string()
+    } else {
+        format!("{e}/v1/metrics")
+    }
+}
+
+impl Metrics {
+    /// Builds the exporter and instruments. Needs a tokio runtime for gRPC.
+    pub fn new(cfg: &MetricsConfig) -> Result<Self> {
+        if let Some(e) = &cfg.endpoint {
+            if !(e.starts_with("http://") || e.starts_with("https://")) {
+                bail!("--otlp-endpoint must be an http:// or https:// URL, got {e:?}");
+            }
+        }
+        let target = cfg
+            .endpoint
+            .clone()
+            .or_else(|| std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").ok())
+            .unwrap_or_else(|| "the default OTLP endpoint".into());
+        let exporter = match cfg.protocol {
+            OtlpProtocol::Grpc => {
+                let mut b = opentelemetry_otlp::MetricExporter::builder()
+                    .with_tonic()
+                    .with_timeout(Duration::from_secs(5));
+                if let Some(e) = &cfg.endpoint {
+                    b = b.with_endpoint(e.clone());
+                }
+                b.build().context("building the OTLP/gRPC exporter")?
+            }
+            OtlpProtocol::HttpProtobuf => {
+                let mut b = opentelemetry_otlp::MetricExporter::builder()
+                    .with_http()
+                    .with_protocol(Protocol::HttpBinary)
+                    .with_timeout(Duration::from_secs(5));
+                if let Some(e) = &cfg.endpoint {
+                    b = b.with_endpoint(http_url(e));
+                }
+                b.build().context("building the OTLP/HTTP exporter")?
+            }
+        };
+        let health = Arc::new(Health::default());
+        let counted = Counted {
+            inner: exporter,
+            health: health.clone(),
+            failing: AtomicBool::new(false),
+            target,
+        };
+        let reader = PeriodicReader::builder(counted)
+            .with_interval(cfg.interval)
+            .build();
+        // OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES are read by the
+        // builder's detectors; only default the name when neither sets it.
+        let mut res = Resource::builder();
+        let named = std::env::var_os("OTEL_SERVICE_NAME").is_some()
+            || std::env::var("OTEL_RESOURCE_ATTRIBUTES").is_ok_and(|v| v.contains("service.name="));
+        if !named {
+            res = res.with_service_name("tokentap");
+        }
+        let mut attrs = vec![KeyValue::new("host.name", hostname())];
+        if let Ok(node) = std::env::var("NODE_NAME") {
+            attrs.push(KeyValue::new("k8s.node.name", node));
+        }
+        let resource = res.with_attributes(attrs).build();
+        let mut builder = SdkMeterProvider::builder()
+            .with_resource(resource)
+            .with_reader(reader);
+        if cfg.exponential {
+            builder = builder.with_view(|i: &Instrument| {
+                (i.kind() == InstrumentKind::Histogram)
+                    .then(|| {
+                        Stream::builder()
+                            .with_aggregation(Aggregation::Base2ExponentialHistogram {
+                                max_size: 160,
+                                max_scale: 20,
+                                record_min_max: true,
+                            })
+                            .build()
+                            .ok()
+                    })
+                    .flatten()
+            });
+        }
+        let provider = builder.build();
+        let meter = provider.meter("tokentap");
+        let h = |name: &'static str, unit: &'static str, desc: &'static str, b: &[f64]| {
+            meter
+                .f64_histogram(name)
+                .with_unit(unit)
+                .with_description(desc)
+                .with_boundaries(b.to_vec())
+                .build()
+        };
+        let ttft = h(
+            "gen_ai.server.time_to_first_token",
+            "s",
+            "Time from the first request byte read to the write of the first generated content",
+            &TTFT_BUCKETS,
+        );
+        let tpot = h(
+            "gen_ai.server.time_per_output_token",
+            "s",
+            "(last content write - first content write) / (output tokens - 1)",
+            &TPOT_BUCKETS,
+        );
+        let duration = h(
+            "gen_ai.server.request.duration",
+            "s",
+            "Time from the first request byte read to the last response byte written",
+            &DURATION_BUCKETS,
+        );
+        let chunk = h(
+            "gen_ai.server.time_per_output_chunk",
+            "s",
+            "Gap between consecutive writes carrying generated content",
+            &DURATION_BUCKETS,
+        );
+        let tokens = meter
+            .u64_histogram("gen_ai.server.token.usage")
+            .with_unit("{token}")
+            .with_description("Input and output tokens per request (gen_ai.token.type)")
+            .with_boundaries(TOKEN_BUCKETS.to_vec())
+            .build();
+        let requests = meter
+            .u64_counter("tokentap.requests")
+            .with_unit("{request}")
+            .with_description("Finished requests, failures included (error.type)")
+            .build();
+        let hl = health.clone();
+        let obs_u64 =
+            |name: &'static str, unit: &'static str, desc: &'static str, f: fn(&Health) -> u64| {
+                let hl = hl.clone();
+                meter
+                    .u64_observable_counter(name)
+                    .with_unit(unit)
+                    .with_description(desc)
+                    .with_callback(move |o| o.observe(f(&hl), &[]))
+                    .build()
+            };
+        let _ = obs_u64(
+            "tokentap.capture.events",
+            "{event}",
+            "Socket events captured",
+            |h| h.events.load(Ordering::Relaxed),
+        );
+        let _ = obs_u64(
+            "tokentap.capture.dropped",
+            "{record}",
+            "Kernel records dropped (ring buffer full)",
+            |h| h.dropped.load(Ordering::Relaxed),
+        );
+        let _ = obs_u64(
+            "tokentap.decode.errors",
+            "{error}",
+            "Connections whose bytes stopped being HTTP",
+            |h| h.decode_errors.load(Ordering::Relaxed),
+        );
+        let _ = obs_u64(
+            "tokentap.export.failures",
+            "{export}",
+            "OTLP exports that failed",
+            |h| h.export_failures.load(Ordering::Relaxed),
+        );
+        let hc = health.clone();
+        let _ = meter
+            .i64_observable_up_down_counter("tokentap.connections.active")
+            .with_unit("{connection}")
+            .with_callback(move |o| o.observe(hc.connections.load(Ordering::Relaxed), &[]))
+            .build();
+        let hi = health.clone();
+        let _ = meter
+            .i64_observable_up_down_counter("tokentap.requests.in_flight")
+            .with_unit("{request}")
+            .with_description("Requests received and not yet answered (concurrency)")
+            .with_callback(move |o| o.observe(hi.in_flight.load(Ordering::Relaxed), &[]))
+            .build();
+        Ok(Self {
+            provider,
+            ttft,
+            tpot,
+            duration,
+            chunk,
+            tokens,
+            requests,
+            models: HashSet::new(),
+            max_models: cfg.max_models,
+            health,
+        })
+    }
+
+    /// A model name as an attribute value: the first `max_models` distinct
+    /// names pass, later ones become "other".
+    fn model(&mut self, m: Option<&str>) -> String {
+        let Some(m) = m else {
+            return "unknown".to_string();
+        };
+        if self.models.contains(m) {
+            return m.to_string();
+        }
+        if self.models.len() < self.max_models {
+            self.models.insert(m.to_string());
+            return m.to_string();
+        }
+        "other".to_string()
+    }
+
+    pub fn record(&mut self, r: &RequestRecord) {
+        let mut attrs = vec![
+            KeyValue::new("gen_ai.operation.name", r.operation.unwrap_or("unknown")),
+            KeyValue::new("gen_ai.provider.name", r.provider.unwrap_or("unknown")),
+            KeyValue::new(
+                "gen_ai.request.model",
+                self.model(r.request_model.as_deref()),
+            ),
+            KeyValue::new(
+                "gen_ai.response.model",
+                self.model(r.response_model.as_deref()),
+            ),
+            KeyValue::new("tokentap.stream", r.stream),
+        ];
+        if let Some(p) = r.server_port {
+            attrs.push(KeyValue::new("server.port", p as i64));
+        }
+        let ok_attrs = attrs.clone();
+        if let Some(e) = &r.error_type {
+            attrs.push(KeyValue::new("error.type", e.clone()));
+        }
+        self.requests.add(1, &attrs);
+        if let Some(d) = r.duration_s {
+            self.duration.record(d, &attrs);
+        }
+        if let Some(v) = r.ttft_s {
+            self.ttft.record(v, &ok_attrs);
+        }
+        if let Some(v) = r.tpot_s {
+            self.tpot.record(v, &ok_attrs);
+        }
+        for g in &r.chunk_gaps_s {
+            self.chunk.record(*g, &ok_attrs);
+        }
+        for (kind, n) in [("input", r.input_tokens), ("output", r.output_tokens)] {
+            if let Some(n) = n {
+                let mut a = attrs.clone();
+                a.push(KeyValue::new("gen_ai.token.type", kind));
+                self.tokens.record(n, &a);
+            }
+        }
+    }
+
+    /// Final collection and export (bounded by the SDK's 5 s shutdown).
+    pub fn shutdown(self) {
+        if let Err(e) = self.provider.shutdown() {
+            eprintln!("tokentap: final OTLP export did not complete: {e}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bucket_lists_are_sorted_and_protocols_parse() {
+        for b in [
+            &TTFT_BUCKETS[..],
+            &TPOT_BUCKETS,
+            &DURATION_BUCKETS,
+            &TOKEN_BUCKETS,
+        ] {
+            assert!(b.windows(2).all(|w| w[0] < w[1]));
+        }
+        assert_eq!("grpc".parse::<OtlpProtocol>(), Ok(OtlpProtocol::Grpc));
+        assert_eq!(
+            "http/protobuf".parse::<OtlpProtocol>(),
+            Ok(OtlpProtocol::HttpProtobuf)
+        );
+        assert!("udp".parse::<OtlpProtocol>().is_err());
+        assert_eq!(http_url("http://c:4318"), "http://c:4318/v1/metrics");
+        assert_eq!(
+            http_url("http://c:4318/v1/metrics"),
+            "http://c:4318/v1/metrics"
+        );
+    }
+}

@@ -1,0 +1,251 @@
+//! End to end, as root: `tokentap run --otlp-endpoint` against the
+//! simulated engine, with an OTLP/gRPC receiver in the test. The exported
+//! histograms' counts and sums must equal what the request log implies,
+//! with the GenAI semantic conventions' names and units.
+
+use std::{
+    io::{BufRead, BufReader, Read, Write},
+    net::TcpStream,
+    process::{Command, Stdio},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use opentelemetry_proto::tonic::{
+    collector::metrics::v1::{
+        metrics_service_server::{MetricsService, MetricsServiceServer},
+        ExportMetricsServiceRequest, ExportMetricsServiceResponse,
+    },
+    metrics::v1::metric::Data,
+};
+use serde_json::Value;
+use tokentap_tests::{read_jsonl, require_root, scratch_dir, tokentap_bin};
+
+#[derive(Clone, Default)]
+struct Sink(Arc<Mutex<Vec<ExportMetricsServiceRequest>>>);
+
+#[tonic::async_trait]
+impl MetricsService for Sink {
+    async fn export(
+        &self,
+        req: tonic::Request<ExportMetricsServiceRequest>,
+    ) -> Result<tonic::Response<ExportMetricsServiceResponse>, tonic::Status> {
+        self.0.lock().unwrap().push(req.into_inner());
+        Ok(tonic::Response::new(ExportMetricsServiceResponse::default()))
+    }
+}
+
+fn read_response(s: &mut TcpStream) {
+    let mut buf = Vec::new();
+    let mut tmp = [0u8; 8192];
+    loop {
+        if let Some(h) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..h]).to_ascii_lowercase();
+            match head.lines().find_map(|l| l.strip_prefix("content-length:")) {
+                Some(len) if buf.len() >= h + 4 + len.trim().parse::<usize>().unwrap() => return,
+                None if buf.ends_with(b"0\r\n\r\n") => return,
+                _ => {}
+            }
+        }
+        let k = s.read(&mut tmp).unwrap();
+        assert!(k > 0);
+        buf.extend_from_slice(&tmp[..k]);
+    }
+}
+
+/// Cumulative (sum of counts, sum of sums) of a histogram in the last
+/// export that has it.
+fn histogram(exports: &[ExportMetricsServiceRequest], name: &str) -> Option<(u64, f64, String)> {
+    for e in exports.iter().rev() {
+        for rm in &e.resource_metrics {
+            for sm in &rm.scope_metrics {
+                for m in &sm.metrics {
+                    if m.name == name {
+                        if let Some(Data::Histogram(h)) = &m.data {
+                            let c = h.data_points.iter().map(|p| p.count).sum();
+                            let s = h.data_points.iter().map(|p| p.sum.unwrap_or(0.0)).sum();
+                            return Some((c, s, m.unit.clone()));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    None
+}
+
+fn counter(exports: &[ExportMetricsServiceRequest], name: &str) -> Option<u64> {
+    for e in exports.iter().rev() {
+        for rm in &e.resource_metrics {
+            for sm in &rm.scope_metrics {
+                for m in &sm.metrics {
+                    if m.name == name {
+                        if let Some(Data::Sum(s)) = &m.data {
+                            return Some(
+                                s.data_points
+                                    .iter()
+                                    .map(|p| match p.value {
+                                        Some(opentelemetry_proto::tonic::metrics::v1::number_data_point::Value::AsInt(i)) => i as u64,
+                                        Some(opentelemetry_proto::tonic::metrics::v1::number_data_point::Value::AsDouble(d)) => d as u64,
+                                        None => 0,
+                                    })
+                                    .sum(),
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+    None
+}
+
+#[test]
+fn exported_histograms_agree_with_the_request_log() {
+    if !require_root("OTLP export") {
+        return;
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let sink = Sink::default();
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let otlp_port = listener.local_addr().unwrap().port();
+    let svc = sink.clone();
+    rt.spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(MetricsServiceServer::new(svc))
+            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener))
+            .await
+    });
+
+    let dir = scratch_dir("otlp");
+    let log = dir.join("requests.jsonl");
+    let mut engine = Command::new(env!("CARGO_BIN_EXE_simengine"))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(engine.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let port: u16 = line
+        .trim()
+        .strip_prefix("listening ")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let mut agent = Command::new(tokentap_bin())
+        .args([
+            "run",
+            "--pid",
+            &engine.id().to_string(),
+            "--no-console",
+            "--export-interval",
+            "1",
+        ])
+        .arg("--otlp-endpoint")
+        .arg(format!("http://127.0.0.1:{otlp_port}"))
+        .arg("--requests-log")
+        .arg(&log)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(agent.stderr.take().unwrap());
+    let mut l = String::new();
+    while !l.contains("; ready") {
+        l.clear();
+        assert!(
+            err.read_line(&mut l).unwrap() > 0,
+            "tokentap run exited before ready"
+        );
+    }
+    let errs = std::thread::spawn(move || {
+        let mut rest = String::new();
+        let _ = err.read_to_string(&mut rest);
+        rest
+    });
+
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    for i in 0..40u64 {
+        let (stream, status) = match i % 8 {
+            0 => (false, 200),
+            1 => (true, 429),
+            _ => (true, 200),
+        };
+        let body = serde_json::json!({"model": "sim-otlp", "stream": stream, "stream_options": {"include_usage": i % 2 == 0},
+            "sim": {"id": i, "status": status, "ttft_ms": 3 + i % 5, "gap_ms": 1, "tokens": 2 + i % 6}})
+        .to_string();
+        write!(
+            s,
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        read_response(&mut s);
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    // SAFETY: signal to our own child.
+    unsafe { libc::kill(agent.id() as i32, libc::SIGINT) };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while agent.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "tokentap run did not stop");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let stderr = errs.join().unwrap();
+    let _ = engine.kill();
+    let _ = engine.wait();
+
+    let recs = read_jsonl(&log);
+    assert_eq!(recs.len(), 40, "{stderr}");
+    let exports = sink.0.lock().unwrap().clone();
+    assert!(!exports.is_empty(), "no OTLP export arrived: {stderr}");
+    let sum_of = |k: &str| -> (u64, f64) {
+        let v: Vec<f64> = recs.iter().filter_map(|r| r[k].as_f64()).collect();
+        (v.len() as u64, v.iter().sum())
+    };
+    for (metric, key) in [
+        ("gen_ai.server.time_to_first_token", "ttft_s"),
+        ("gen_ai.server.time_per_output_token", "tpot_s"),
+        ("gen_ai.server.request.duration", "duration_s"),
+    ] {
+        let (count, sum, unit) =
+            histogram(&exports, metric).unwrap_or_else(|| panic!("{metric} not exported"));
+        let (want_count, want_sum) = sum_of(key);
+        assert_eq!(unit, "s", "{metric}");
+        assert_eq!(count, want_count, "{metric} count");
+        assert!(
+            (sum - want_sum).abs() < 1e-6 * want_sum.max(1.0),
+            "{metric} sum {sum} vs {want_sum}"
+        );
+    }
+    let tokens: f64 = recs
+        .iter()
+        .map(|r| {
+            r["input_tokens"].as_f64().unwrap_or(0.0) + r["output_tokens"].as_f64().unwrap_or(0.0)
+        })
+        .sum();
+    let (_, tsum, tunit) = histogram(&exports, "gen_ai.server.token.usage").unwrap();
+    assert_eq!(tunit, "{token}");
+    assert!((tsum - tokens).abs() < 1e-6, "token sum {tsum} vs {tokens}");
+    assert_eq!(counter(&exports, "tokentap.requests"), Some(40));
+    let resource = &exports.last().unwrap().resource_metrics[0].resource;
+    let service = resource
+        .as_ref()
+        .and_then(|r| r.attributes.iter().find(|a| a.key == "service.name"))
+        .and_then(|a| a.value.as_ref())
+        .map(|v| format!("{:?}", v.value));
+    assert!(
+        service.is_some_and(|s| s.contains("tokentap")),
+        "service.name missing"
+    );
+    let errors: Vec<&Value> = recs
+        .iter()
+        .filter(|r| r["error_type"] == "http_429")
+        .collect();
+    assert_eq!(errors.len(), 5);
+}
