@@ -102,7 +102,9 @@ fn counter(exports: &[ExportMetricsServiceRequest], name: &str) -> Option<u64> {
 
 fn start_receiver(rt: &tokio::runtime::Runtime, port: u16) -> Sink {
     let sink = Sink::default();
-    let listener = rt.block_on(tokio::net::TcpListener::bind(("127.0.0.1", port))).unwrap();
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind(("127.0.0.1", port)))
+        .unwrap();
     let svc = sink.clone();
     rt.spawn(async move {
         tonic::transport::Server::builder()
@@ -117,7 +119,12 @@ fn one_request(s: &mut TcpStream, i: u64) {
     let body = serde_json::json!({"model": "sim", "stream": true, "stream_options": {"include_usage": true},
         "sim": {"id": i, "ttft_ms": 2, "gap_ms": 1, "tokens": 3}})
     .to_string();
-    write!(s, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+    write!(
+        s,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
     read_response(s);
 }
 
@@ -126,15 +133,40 @@ fn a_collector_that_is_down_at_start_gets_the_metrics_once_it_is_up() {
     if !require_root("OTLP collector down then up") {
         return;
     }
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
     // A free port with nothing listening on it (yet).
-    let otlp_port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let mut engine = Command::new(env!("CARGO_BIN_EXE_simengine")).stdout(Stdio::piped()).spawn().unwrap();
+    let otlp_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut engine = Command::new(env!("CARGO_BIN_EXE_simengine"))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
     let mut line = String::new();
-    BufReader::new(engine.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let port: u16 = line.trim().strip_prefix("listening ").unwrap().parse().unwrap();
+    BufReader::new(engine.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let port: u16 = line
+        .trim()
+        .strip_prefix("listening ")
+        .unwrap()
+        .parse()
+        .unwrap();
     let mut agent = Command::new(tokentap_bin())
-        .args(["run", "--pid", &engine.id().to_string(), "--no-console", "--export-interval", "1"])
+        .args([
+            "run",
+            "--pid",
+            &engine.id().to_string(),
+            "--no-console",
+            "--export-interval",
+            "1",
+        ])
         .arg("--otlp-endpoint")
         .arg(format!("http://127.0.0.1:{otlp_port}"))
         .stderr(Stdio::piped())
@@ -144,7 +176,10 @@ fn a_collector_that_is_down_at_start_gets_the_metrics_once_it_is_up() {
     let mut l = String::new();
     while !l.contains("; ready") {
         l.clear();
-        assert!(err.read_line(&mut l).unwrap() > 0, "tokentap run exited before ready");
+        assert!(
+            err.read_line(&mut l).unwrap() > 0,
+            "tokentap run exited before ready"
+        );
     }
     let errs = std::thread::spawn(move || {
         let mut rest = String::new();
@@ -157,7 +192,10 @@ fn a_collector_that_is_down_at_start_gets_the_metrics_once_it_is_up() {
     }
     // Several export intervals against a dead collector.
     std::thread::sleep(Duration::from_millis(2500));
-    assert!(agent.try_wait().unwrap().is_none(), "the agent must keep running without a collector");
+    assert!(
+        agent.try_wait().unwrap().is_none(),
+        "the agent must keep running without a collector"
+    );
     let sink = start_receiver(&rt, otlp_port);
     for i in 5..10 {
         one_request(&mut s, i);
@@ -165,10 +203,15 @@ fn a_collector_that_is_down_at_start_gets_the_metrics_once_it_is_up() {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let exports = sink.0.lock().unwrap().clone();
-        if counter(&exports, "tokentap.requests") == Some(10) && counter(&exports, "tokentap.export.failures").unwrap_or(0) > 0 {
+        if counter(&exports, "tokentap.requests") == Some(10)
+            && counter(&exports, "tokentap.export.failures").unwrap_or(0) > 0
+        {
             break;
         }
-        assert!(Instant::now() < deadline, "metrics did not arrive after the collector came up");
+        assert!(
+            Instant::now() < deadline,
+            "metrics did not arrive after the collector came up"
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
     // SAFETY: signal to our own child.
@@ -181,11 +224,20 @@ fn a_collector_that_is_down_at_start_gets_the_metrics_once_it_is_up() {
     let stderr = errs.join().unwrap();
     let _ = engine.kill();
     let _ = engine.wait();
-    assert!(stderr.contains("OTLP export to") && stderr.contains("failed"), "the failure is reported: {stderr}");
-    assert!(stderr.contains("works again"), "the recovery is reported: {stderr}");
+    assert!(
+        stderr.contains("OTLP export to") && stderr.contains("failed"),
+        "the failure is reported: {stderr}"
+    );
+    assert!(
+        stderr.contains("works again"),
+        "the recovery is reported: {stderr}"
+    );
     // Reported once per interval, not per record: a handful of lines.
     let lines = stderr.lines().filter(|l| l.contains("failed")).count();
-    assert!(lines <= 10, "{lines} failure lines for ~3 intervals: {stderr}");
+    assert!(
+        lines <= 10,
+        "{lines} failure lines for ~3 intervals: {stderr}"
+    );
 }
 
 #[test]

@@ -4,6 +4,7 @@
 //! rustup (stable + nightly) installed.
 
 mod bench;
+mod demo;
 mod ebpf;
 mod fuzz;
 mod toolchain;
@@ -45,6 +46,12 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Show tokentap's console on a simulated engine under load (root).
+    Demo {
+        /// How long to run, in seconds.
+        #[arg(long, default_value_t = 60)]
+        secs: u64,
+    },
     /// Fuzz the request decoder (cargo fuzz, nightly) for SECS seconds.
     Fuzz {
         #[arg(long, default_value_t = 300)]
@@ -73,6 +80,7 @@ fn main() -> ExitCode {
         Cmd::Run { args } => run(args),
         Cmd::Test { args } => test(args),
         Cmd::Fuzz { secs } => fuzz::run(secs),
+        Cmd::Demo { secs } => demo::run(secs),
         Cmd::Bench {
             which,
             secs,
