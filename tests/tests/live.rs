@@ -19,7 +19,10 @@ use std::{
 };
 
 use serde_json::{json, Value};
-use tokentap_tests::{read_jsonl, require_root, scratch_dir, tokentap_bin};
+use tokentap_tests::{
+    otlp::{counter, histogram, start_receiver},
+    read_jsonl, require_root, scratch_dir, tokentap_bin,
+};
 
 struct Kill(Child);
 impl Drop for Kill {
@@ -167,6 +170,17 @@ fn two_hundred_scripted_requests_match_the_engines_clock() {
     if !require_root("live run against simengine") {
         return;
     }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let otlp_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let sink = start_receiver(&rt, otlp_port);
     let dir = scratch_dir("live");
     let truth_path = dir.join("truth.jsonl");
     let log_path = dir.join("requests.jsonl");
@@ -192,8 +206,12 @@ fn two_hundred_scripted_requests_match_the_engines_clock() {
                 "--pid",
                 &pid.to_string(),
                 "--no-console",
-                "--requests-log",
+                "--export-interval",
+                "1",
             ])
+            .arg("--otlp-endpoint")
+            .arg(format!("http://127.0.0.1:{otlp_port}"))
+            .arg("--requests-log")
             .arg(&log_path),
         "; ready",
         "tokentap run",
@@ -333,6 +351,37 @@ fn two_hundred_scripted_requests_match_the_engines_clock() {
         dev_dur * 1e6,
         widest * 1e6
     );
+    // The exported histograms say what the request log says.
+    let exports = sink.0.lock().unwrap().clone();
+    for (metric, key) in [
+        ("gen_ai.server.time_to_first_token", "ttft_s"),
+        ("gen_ai.server.time_per_output_token", "tpot_s"),
+        ("gen_ai.server.request.duration", "duration_s"),
+    ] {
+        let (count, sum, unit) = histogram(&exports, metric).unwrap_or_else(|| {
+            panic!(
+                "{metric} not exported ({} exports): {stderr:?}",
+                exports.len()
+            )
+        });
+        let v: Vec<f64> = records.iter().filter_map(|r| r[key].as_f64()).collect();
+        assert_eq!(unit, "s");
+        assert_eq!(count, v.len() as u64, "{metric} count");
+        let want: f64 = v.iter().sum();
+        assert!(
+            (sum - want).abs() < 1e-6 * want.max(1.0),
+            "{metric} sum {sum} vs {want}"
+        );
+    }
+    let tokens: f64 = records
+        .iter()
+        .map(|r| {
+            r["input_tokens"].as_f64().unwrap_or(0.0) + r["output_tokens"].as_f64().unwrap_or(0.0)
+        })
+        .sum();
+    let (_, tsum, _) = histogram(&exports, "gen_ai.server.token.usage").unwrap();
+    assert!((tsum - tokens).abs() < 1e-6, "token sum {tsum} vs {tokens}");
+    assert_eq!(counter(&exports, "tokentap.requests"), Some(200));
     // Every value lay inside the engine's bracket (checked above), so the
     // agent is never further from the truth than the bracket is wide; the
     // midpoint deviations printed are dominated by the engine being

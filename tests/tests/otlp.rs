@@ -7,33 +7,14 @@ use std::{
     io::{BufRead, BufReader, Read, Write},
     net::TcpStream,
     process::{Command, Stdio},
-    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
-use opentelemetry_proto::tonic::{
-    collector::metrics::v1::{
-        metrics_service_server::{MetricsService, MetricsServiceServer},
-        ExportMetricsServiceRequest, ExportMetricsServiceResponse,
-    },
-    metrics::v1::metric::Data,
-};
 use serde_json::Value;
-use tokentap_tests::{read_jsonl, require_root, scratch_dir, tokentap_bin};
-
-#[derive(Clone, Default)]
-struct Sink(Arc<Mutex<Vec<ExportMetricsServiceRequest>>>);
-
-#[tonic::async_trait]
-impl MetricsService for Sink {
-    async fn export(
-        &self,
-        req: tonic::Request<ExportMetricsServiceRequest>,
-    ) -> Result<tonic::Response<ExportMetricsServiceResponse>, tonic::Status> {
-        self.0.lock().unwrap().push(req.into_inner());
-        Ok(tonic::Response::new(ExportMetricsServiceResponse::default()))
-    }
-}
+use tokentap_tests::{
+    otlp::{counter, exponential_histograms, histogram, start_receiver},
+    read_jsonl, require_root, scratch_dir, tokentap_bin,
+};
 
 fn read_response(s: &mut TcpStream) {
     let mut buf = Vec::new();
@@ -51,68 +32,6 @@ fn read_response(s: &mut TcpStream) {
         assert!(k > 0);
         buf.extend_from_slice(&tmp[..k]);
     }
-}
-
-/// Cumulative (sum of counts, sum of sums) of a histogram in the last
-/// export that has it.
-fn histogram(exports: &[ExportMetricsServiceRequest], name: &str) -> Option<(u64, f64, String)> {
-    for e in exports.iter().rev() {
-        for rm in &e.resource_metrics {
-            for sm in &rm.scope_metrics {
-                for m in &sm.metrics {
-                    if m.name == name {
-                        if let Some(Data::Histogram(h)) = &m.data {
-                            let c = h.data_points.iter().map(|p| p.count).sum();
-                            let s = h.data_points.iter().map(|p| p.sum.unwrap_or(0.0)).sum();
-                            return Some((c, s, m.unit.clone()));
-                        }
-                    }
-                }
-            }
-        }
-    }
-    None
-}
-
-fn counter(exports: &[ExportMetricsServiceRequest], name: &str) -> Option<u64> {
-    for e in exports.iter().rev() {
-        for rm in &e.resource_metrics {
-            for sm in &rm.scope_metrics {
-                for m in &sm.metrics {
-                    if m.name == name {
-                        if let Some(Data::Sum(s)) = &m.data {
-                            return Some(
-                                s.data_points
-                                    .iter()
-                                    .map(|p| match p.value {
-                                        Some(opentelemetry_proto::tonic::metrics::v1::number_data_point::Value::AsInt(i)) => i as u64,
-                                        Some(opentelemetry_proto::tonic::metrics::v1::number_data_point::Value::AsDouble(d)) => d as u64,
-                                        None => 0,
-                                    })
-                                    .sum(),
-                            );
-                        }
-                    }
-                }
-            }
-        }
-    }
-    None
-}
-
-fn start_receiver(rt: &tokio::runtime::Runtime, port: u16) -> Sink {
-    let sink = Sink::default();
-    let listener = rt
-        .block_on(tokio::net::TcpListener::bind(("127.0.0.1", port)))
-        .unwrap();
-    let svc = sink.clone();
-    rt.spawn(async move {
-        tonic::transport::Server::builder()
-            .add_service(MetricsServiceServer::new(svc))
-            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener))
-            .await
-    });
-    sink
 }
 
 fn one_request(s: &mut TcpStream, i: u64) {
@@ -166,6 +85,7 @@ fn a_collector_that_is_down_at_start_gets_the_metrics_once_it_is_up() {
             "--no-console",
             "--export-interval",
             "1",
+            "--exponential-histograms",
         ])
         .arg("--otlp-endpoint")
         .arg(format!("http://127.0.0.1:{otlp_port}"))
@@ -214,6 +134,12 @@ fn a_collector_that_is_down_at_start_gets_the_metrics_once_it_is_up() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+    let expo = exponential_histograms(&sink.0.lock().unwrap());
+    assert!(
+        expo.iter()
+            .any(|n| n == "gen_ai.server.time_to_first_token"),
+        "--exponential-histograms exports base-2 exponential histograms: {expo:?}"
+    );
     // SAFETY: signal to our own child.
     unsafe { libc::kill(agent.id() as i32, libc::SIGINT) };
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -250,18 +176,12 @@ fn exported_histograms_agree_with_the_request_log() {
         .enable_all()
         .build()
         .unwrap();
-    let sink = Sink::default();
-    let listener = rt
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .unwrap();
-    let otlp_port = listener.local_addr().unwrap().port();
-    let svc = sink.clone();
-    rt.spawn(async move {
-        tonic::transport::Server::builder()
-            .add_service(MetricsServiceServer::new(svc))
-            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener))
-            .await
-    });
+    let otlp_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let sink = start_receiver(&rt, otlp_port);
 
     let dir = scratch_dir("otlp");
     let log = dir.join("requests.jsonl");
