@@ -8,6 +8,7 @@ pub mod capfile;
 pub mod capture;
 pub mod console;
 pub mod decode;
+pub mod discover;
 pub mod event;
 pub mod metrics;
 pub mod requests;

@@ -9,6 +9,7 @@ use tokentap::{
     capture::{Capture, CaptureOptions},
     console::Console,
     decode::Decoder,
+    discover,
     event::SocketEvent,
     metrics::{Metrics, MetricsConfig, OtlpProtocol},
     requests::RequestLog,
@@ -30,10 +31,15 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Run the agent: capture the targets' traffic, decode every LLM
-    /// request, write the request log, show the live console view.
+    /// Run the agent: capture the engines' traffic, decode every LLM
+    /// request, write the request log, show the live console view, export
+    /// OTLP metrics.
     ///
-    /// Example: tokentap run --port 8000 --requests-log requests.jsonl
+    /// With no --pid/--port it finds inference servers itself (vLLM,
+    /// SGLang, TGI, llama.cpp, Ollama, Triton, LMDeploy: by command line,
+    /// among processes listening on TCP) and keeps looking every 5 s.
+    ///
+    /// Example: tokentap run --port 8000 --requests-log requests.jsonl --otlp-endpoint http://127.0.0.1:4317
     Run(RunArgs),
     /// Record the raw socket traffic of processes to a capture file.
     ///
@@ -217,13 +223,14 @@ fn now_wall_ns() -> u64 {
 }
 
 async fn run(a: RunArgs) -> Result<()> {
-    if a.pids.is_empty() && a.ports.is_empty() {
-        bail!(
-            "run needs at least one --pid PID or --port PORT for now (automatic discovery of \
-             inference servers is not built yet; see `tokentap run --help`)"
-        );
-    }
+    // No --pid/--port: find inference servers by command line and keep
+    // looking for new ones.
+    let discovering = a.pids.is_empty() && a.ports.is_empty();
+    let proc_root = std::path::PathBuf::from("/proc");
+    let mut engines: std::collections::HashMap<u32, &'static str> =
+        std::collections::HashMap::new();
     let opts = CaptureOptions {
+        allow_no_targets: discovering,
         pids: a.pids.clone(),
         ports: a.ports.clone(),
         ring_bytes: a.kernel.ring_buffer_bytes,
@@ -271,15 +278,35 @@ async fn run(a: RunArgs) -> Result<()> {
     let mut cap = Capture::start(&opts)?;
     let mut batch: Vec<SocketEvent> = Vec::new();
     cap.seed(&mut batch);
-    eprintln!(
-        "tokentap: running on pids {:?}{}; ready",
-        cap.targets(),
-        if a.ports.is_empty() {
-            String::new()
-        } else {
-            format!(" ports {:?}", a.ports)
+    for pid in cap.targets() {
+        if let Some(e) = discover::engine_of(&proc_root, pid) {
+            engines.insert(pid, e);
         }
-    );
+    }
+    if discovering {
+        for (pid, engine) in discover::scan(&proc_root) {
+            if cap.add_target(pid, &mut batch)? {
+                eprintln!("tokentap: found {engine} (pid {pid})");
+            }
+            engines.insert(pid, engine);
+        }
+        eprintln!(
+            "tokentap: watching for inference servers (vLLM, SGLang, TGI, llama.cpp, Ollama, Triton, LMDeploy); found {}; ready",
+            cap.targets().len()
+        );
+    } else {
+        eprintln!(
+            "tokentap: running on pids {:?}{}; ready",
+            cap.targets(),
+            if a.ports.is_empty() {
+                String::new()
+            } else {
+                format!(" ports {:?}", a.ports)
+            }
+        );
+    }
+    let mut rescan = tokio::time::interval(Duration::from_secs(5));
+    rescan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut src = EventSource::Live(Box::new(cap));
     let mut decoder = Decoder::new();
     let mut records = Vec::new();
@@ -298,7 +325,10 @@ async fn run(a: RunArgs) -> Result<()> {
         for ev in batch.drain(..) {
             decoder.on_event(&ev, &mut records);
         }
-        for r in records.drain(..) {
+        for mut r in records.drain(..) {
+            if r.provider.is_none() {
+                r.provider = engines.get(&r.pid).copied();
+            }
             if let Some(l) = log.as_mut() {
                 l.write(&r)?;
             }
@@ -339,6 +369,16 @@ async fn run(a: RunArgs) -> Result<()> {
                     }
                 }
             }
+            _ = rescan.tick(), if discovering => {
+                if let Some(cap) = src.live_mut() {
+                    for (pid, engine) in discover::scan(&proc_root) {
+                        if cap.add_target(pid, &mut batch)? {
+                            eprintln!("tokentap: found {engine} (pid {pid})");
+                        }
+                        engines.insert(pid, engine);
+                    }
+                }
+            }
             _ = &mut deadline => break,
             _ = &mut stop => break,
         }
@@ -347,7 +387,10 @@ async fn run(a: RunArgs) -> Result<()> {
     for ev in batch.drain(..) {
         decoder.on_event(&ev, &mut records);
     }
-    for r in records.drain(..) {
+    for mut r in records.drain(..) {
+        if r.provider.is_none() {
+            r.provider = engines.get(&r.pid).copied();
+        }
         if let Some(l) = log.as_mut() {
             l.write(&r)?;
         }

@@ -46,6 +46,14 @@ impl EventSource {
         }
     }
 
+    /// The live capture, to add targets to.
+    pub fn live_mut(&mut self) -> Option<&mut Capture> {
+        match self {
+            Self::Live(c) => Some(c),
+            Self::Replay(_) => None,
+        }
+    }
+
     pub fn capture_stats(&self) -> Option<CaptureStats> {
         match self {
             Self::Live(c) => Some(c.stats()),

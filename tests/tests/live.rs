@@ -142,19 +142,25 @@ fn start(cmd: &mut Command, ready: &str, what: &str) -> (Kill, mpsc::Receiver<St
         });
     }
     let deadline = Instant::now() + Duration::from_secs(90);
+    let mut seen = vec![];
     loop {
         let l = rx
             .recv_timeout(deadline.saturating_duration_since(Instant::now()))
             .unwrap_or_else(|_| panic!("{what} did not start"));
-        if l.contains(ready) {
-            return (child, rx_with_first(l, rx));
+        let done = l.contains(ready);
+        seen.push(l);
+        if done {
+            return (child, rx_with_first(seen, rx));
         }
     }
 }
 
-fn rx_with_first(first: String, rx: mpsc::Receiver<String>) -> mpsc::Receiver<String> {
+/// A receiver that yields the lines already `seen`, then the rest of `rx`.
+fn rx_with_first(seen: Vec<String>, rx: mpsc::Receiver<String>) -> mpsc::Receiver<String> {
     let (tx, out) = mpsc::channel();
-    let _ = tx.send(first);
+    for l in seen {
+        let _ = tx.send(l);
+    }
     std::thread::spawn(move || {
         for l in rx {
             if tx.send(l).is_err() {
@@ -387,4 +393,61 @@ fn two_hundred_scripted_requests_match_the_engines_clock() {
     // midpoint deviations printed are dominated by the engine being
     // preempted mid-call on a 2-core machine.
     let _ = Path::new("");
+}
+
+#[test]
+fn run_without_targets_finds_an_engine_by_its_command_line() {
+    if !require_root("discovery") {
+        return;
+    }
+    let dir = scratch_dir("discover");
+    let log_path = dir.join("requests.jsonl");
+    // The simulated engine, named like llama.cpp's server on its command line.
+    let (engine, engine_out) = start(
+        Command::new(env!("CARGO_BIN_EXE_simengine")).args(["--label", "llama-server"]),
+        "listening",
+        "simengine",
+    );
+    let port: u16 = engine_out
+        .recv()
+        .unwrap()
+        .strip_prefix("listening ")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let (mut agent, agent_out) = start(
+        Command::new(tokentap_bin())
+            .args(["run", "--no-console", "--requests-log"])
+            .arg(&log_path),
+        "; ready",
+        "tokentap run",
+    );
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    for i in 0..3 {
+        let body = spec(0, 10 + i).to_string();
+        write!(
+            s,
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: sim\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        assert!(read_response(&mut s, None));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    // SAFETY: signal to our own child.
+    unsafe { libc::kill(agent.0.id() as i32, libc::SIGINT) };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while agent.0.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "tokentap run did not stop");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let stderr: Vec<String> = agent_out.try_iter().collect();
+    let found = format!("found llama.cpp (pid {})", engine.0.id());
+    assert!(stderr.iter().any(|l| l.contains(&found)), "{stderr:?}");
+    let recs = read_jsonl(&log_path);
+    assert_eq!(recs.len(), 3, "{stderr:?}");
+    for r in &recs {
+        assert_eq!(r["provider"], "llama.cpp");
+        assert_eq!(r["server_port"], port);
+    }
 }

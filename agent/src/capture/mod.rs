@@ -68,6 +68,9 @@ pub struct CaptureOptions {
     pub max_conns: u32,
     /// Normally /proc.
     pub proc_root: PathBuf,
+    /// Start even with no target (targets are added later with
+    /// [`Capture::add_target`], e.g. by discovery).
+    pub allow_no_targets: bool,
 }
 
 impl Default for CaptureOptions {
@@ -79,6 +82,7 @@ impl Default for CaptureOptions {
             max_call_bytes: DEFAULT_MAX_CALL_BYTES,
             max_conns: 65536,
             proc_root: PathBuf::from("/proc"),
+            allow_no_targets: false,
         }
     }
 }
@@ -289,7 +293,7 @@ impl Capture {
                 bail!("no process is listening on port(s) {:?}", opts.ports);
             }
         }
-        if pids.is_empty() {
+        if pids.is_empty() && !opts.allow_no_targets {
             bail!("nothing to capture: give --pid PID or --port PORT");
         }
         for &pid in &pids {
@@ -355,6 +359,18 @@ impl Capture {
             _config: config,
             _ebpf: ebpf,
         })
+    }
+
+    /// Starts capturing `pid` too, with open events for the connections it
+    /// already holds. False when it was already a target.
+    pub fn add_target(&mut self, pid: u32, out: &mut Vec<SocketEvent>) -> Result<bool> {
+        if self.st.target_pids.contains(&pid) {
+            return Ok(false);
+        }
+        self.st.targets.insert(pid, 1u8, 0)?;
+        self.st.target_pids.insert(pid);
+        self.st.seed_pid(pid, out);
+        Ok(true)
     }
 
     /// The processes being captured.

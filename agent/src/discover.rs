@@ -1,0 +1,116 @@
+//! Finding inference servers without being told: processes whose command
+//! line names a known engine and that hold a listening TCP socket.
+//!
+//! Owns: the engine patterns and the /proc scan. Must not: target a process
+//! that does not listen (a CLI client of the same engine, a build step).
+
+use std::{fs, path::Path};
+
+use crate::capture::procfs;
+
+/// Command-line fragments → engine name (gen_ai.provider.name).
+const ENGINES: &[(&str, &str)] = &[
+    ("vllm", "vllm"),
+    ("sglang", "sglang"),
+    ("text-generation-router", "tgi"),
+    ("text-generation-launcher", "tgi"),
+    ("text_generation_server", "tgi"),
+    ("llama-server", "llama.cpp"),
+    ("llama_cpp.server", "llama.cpp"),
+    ("llama-cpp-python", "llama.cpp"),
+    ("ollama", "ollama"),
+    ("tritonserver", "triton"),
+    ("lmdeploy", "lmdeploy"),
+];
+
+/// The engine a command line belongs to, if any.
+pub fn engine_of_cmdline(cmdline: &str) -> Option<&'static str> {
+    let c = cmdline.to_ascii_lowercase();
+    ENGINES
+        .iter()
+        .find(|(pat, _)| c.contains(pat))
+        .map(|(_, name)| *name)
+}
+
+/// The command line of `pid` with NULs as spaces.
+pub fn cmdline(proc_root: &Path, pid: u32) -> Option<String> {
+    let raw = fs::read(proc_root.join(format!("{pid}/cmdline"))).ok()?;
+    Some(
+        String::from_utf8_lossy(&raw)
+            .replace('\0', " ")
+            .trim()
+            .to_string(),
+    )
+}
+
+/// The engine `pid` runs, from its command line.
+pub fn engine_of(proc_root: &Path, pid: u32) -> Option<&'static str> {
+    cmdline(proc_root, pid)
+        .as_deref()
+        .and_then(engine_of_cmdline)
+}
+
+/// Every process that looks like an inference server and listens on TCP.
+pub fn scan(proc_root: &Path) -> Vec<(u32, &'static str)> {
+    let me = std::process::id();
+    let Ok(dir) = fs::read_dir(proc_root) else {
+        return vec![];
+    };
+    let mut out = vec![];
+    for ent in dir.flatten() {
+        let Some(pid) = ent.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        let Some(engine) = engine_of(proc_root, pid) else {
+            continue;
+        };
+        let owned = procfs::socket_fds(proc_root, pid);
+        if owned.is_empty() {
+            continue;
+        }
+        let table = procfs::tcp_table(proc_root, pid);
+        if !procfs::listening_ports(&table, &owned).is_empty() {
+            out.push((pid, engine));
+        }
+    }
+    out.sort_unstable();
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn known_engines_are_named_from_their_command_lines() {
+        assert_eq!(
+            engine_of_cmdline("python3 -m vllm.entrypoints.openai.api_server --model x"),
+            Some("vllm")
+        );
+        assert_eq!(
+            engine_of_cmdline("/usr/bin/llama-server -m m.gguf --port 8080"),
+            Some("llama.cpp")
+        );
+        assert_eq!(
+            engine_of_cmdline("python -m llama_cpp.server --model m.gguf"),
+            Some("llama.cpp")
+        );
+        assert_eq!(
+            engine_of_cmdline("text-generation-router --port 80"),
+            Some("tgi")
+        );
+        assert_eq!(engine_of_cmdline("/bin/ollama serve"), Some("ollama"));
+        assert_eq!(engine_of_cmdline("nginx: worker process"), None);
+    }
+
+    #[test]
+    fn a_process_without_a_listening_socket_is_not_found() {
+        // This test process matches no engine pattern and is skipped anyway.
+        assert!(scan(Path::new("/proc"))
+            .iter()
+            .all(|(p, _)| *p != std::process::id()));
+    }
+}
