@@ -2,7 +2,7 @@
 
 use std::{path::PathBuf, process::ExitCode, time::Duration};
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use tokentap::{
     capfile::Writer,
@@ -23,7 +23,12 @@ use tokentap::{
 /// Capturing needs root (or CAP_BPF, CAP_PERFMON and CAP_SYS_ADMIN to mount
 /// tracefs). Replaying a capture file needs nothing.
 #[derive(Parser)]
-#[command(name = "tokentap", version, propagate_version = true)]
+#[command(
+    name = "tokentap",
+    version,
+    propagate_version = true,
+    args_override_self = true
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -66,6 +71,12 @@ enum Cmd {
 
 #[derive(Args)]
 struct RunArgs {
+    /// Read options from a TOML file: keys are the long option names
+    /// (`requests-log = "/var/log/tokentap.jsonl"`, `pid = [1234]`,
+    /// `no-console = true`, `otlp-endpoint = "http://collector:4317"`).
+    /// Options given on the command line win; lists are joined.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
     /// Capture this inference-server process (repeatable).
     #[arg(long = "pid", value_name = "PID")]
     pids: Vec<u32>,
@@ -164,9 +175,84 @@ struct ReplayArgs {
     requests_log: Option<PathBuf>,
 }
 
+/// `tokentap run --config FILE …`: the file's options, as command-line
+/// arguments placed before the user's (so the user's win).
+fn config_args(args: &[String]) -> Result<Vec<String>> {
+    let Some(run_at) = args.iter().position(|a| a == "run") else {
+        return Ok(args.to_vec());
+    };
+    let path = args.iter().enumerate().skip(run_at).find_map(|(i, a)| {
+        a.strip_prefix("--config=").map(str::to_string).or_else(|| {
+            (a == "--config")
+                .then(|| args.get(i + 1).cloned())
+                .flatten()
+        })
+    });
+    let Some(path) = path else {
+        return Ok(args.to_vec());
+    };
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("cannot read config file {path}"))?;
+    let table: toml::Table =
+        toml::from_str(&text).with_context(|| format!("config file {path} is not valid TOML"))?;
+    let known: Vec<String> = {
+        use clap::CommandFactory as _;
+        let cmd = Cli::command();
+        cmd.find_subcommand("run")
+            .map(|r| {
+                r.get_arguments()
+                    .filter_map(|a| a.get_long().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let mut extra = vec![];
+    for (key, value) in table {
+        let name = key.replace('_', "-");
+        if name == "config" || name == "help" || !known.contains(&name) {
+            bail!("config file {path}: unknown option `{key}` (the keys are `tokentap run` long option names, see `tokentap run --help`)");
+        }
+        let flag = format!("--{name}");
+        let scalar = |v: &toml::Value| -> Result<String> {
+            Ok(match v {
+                toml::Value::String(s) => s.clone(),
+                toml::Value::Integer(i) => i.to_string(),
+                toml::Value::Float(f) => f.to_string(),
+                other => bail!("config file {path}: `{key}` has an unsupported value {other:?}"),
+            })
+        };
+        match &value {
+            toml::Value::Boolean(true) => extra.push(flag),
+            toml::Value::Boolean(false) => {}
+            toml::Value::Array(items) => {
+                for it in items {
+                    extra.push(flag.clone());
+                    extra.push(scalar(it)?);
+                }
+            }
+            v => {
+                extra.push(flag);
+                extra.push(scalar(v)?);
+            }
+        }
+    }
+    let mut out = args[..=run_at].to_vec();
+    out.extend(extra);
+    out.extend_from_slice(&args[run_at + 1..]);
+    Ok(out)
+}
+
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
-    let cli = Cli::parse();
+    let args: Vec<String> = std::env::args().collect();
+    let args = match config_args(&args) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("tokentap: error: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let cli = Cli::parse_from(args);
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -558,4 +644,39 @@ async fn replay(a: ReplayArgs) -> Result<()> {
         src.bad_lines().len()
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_file_options_come_before_the_command_line_so_it_wins() {
+        let dir = std::env::temp_dir().join(format!("tokentap-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("c.toml");
+        std::fs::write(&f, "pid = [1, 2]\nno-console = true\nexport_interval = 2.5\nexponential-histograms = false\n").unwrap();
+        let args: Vec<String> = [
+            "tokentap",
+            "run",
+            "--config",
+            f.to_str().unwrap(),
+            "--export-interval",
+            "3",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let out = config_args(&args).unwrap();
+        let cli = Cli::try_parse_from(&out).unwrap();
+        let Cmd::Run(r) = cli.cmd else {
+            panic!("not run")
+        };
+        assert_eq!(r.pids, vec![1, 2]);
+        assert!(r.no_console);
+        assert!(!r.exponential_histograms);
+        assert_eq!(r.export_interval, 3.0);
+        std::fs::write(&f, "nope = 1\n").unwrap();
+        assert!(format!("{:#}", config_args(&args).unwrap_err()).contains("unknown option `nope`"));
+    }
 }
