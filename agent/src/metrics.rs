@@ -142,9 +142,38 @@ pub struct Metrics {
     chunk: Histogram<f64>,
     tokens: Histogram<u64>,
     requests: Counter<u64>,
-    models: HashSet<String>,
-    max_models: usize,
+    models: Capped,
     pub health: Arc<Health>,
+}
+
+/// An attribute with unbounded values (model names, later tenants): the
+/// first `max` distinct values pass, later ones read "other".
+pub struct Capped {
+    seen: HashSet<String>,
+    max: usize,
+}
+
+impl Capped {
+    pub fn new(max: usize) -> Self {
+        Self {
+            seen: HashSet::new(),
+            max,
+        }
+    }
+
+    pub fn get(&mut self, v: Option<&str>) -> String {
+        let Some(v) = v else {
+            return "unknown".to_string();
+        };
+        if self.seen.contains(v) {
+            return v.to_string();
+        }
+        if self.seen.len() < self.max {
+            self.seen.insert(v.to_string());
+            return v.to_string();
+        }
+        "other".to_string()
+    }
 }
 
 fn hostname() -> String {
@@ -340,26 +369,9 @@ impl Metrics {
             chunk,
             tokens,
             requests,
-            models: HashSet::new(),
-            max_models: cfg.max_models,
+            models: Capped::new(cfg.max_models),
             health,
         })
-    }
-
-    /// A model name as an attribute value: the first `max_models` distinct
-    /// names pass, later ones become "other".
-    fn model(&mut self, m: Option<&str>) -> String {
-        let Some(m) = m else {
-            return "unknown".to_string();
-        };
-        if self.models.contains(m) {
-            return m.to_string();
-        }
-        if self.models.len() < self.max_models {
-            self.models.insert(m.to_string());
-            return m.to_string();
-        }
-        "other".to_string()
     }
 
     pub fn record(&mut self, r: &RequestRecord) {
@@ -368,11 +380,11 @@ impl Metrics {
             KeyValue::new("gen_ai.provider.name", r.provider.unwrap_or("unknown")),
             KeyValue::new(
                 "gen_ai.request.model",
-                self.model(r.request_model.as_deref()),
+                self.models.get(r.request_model.as_deref()),
             ),
             KeyValue::new(
                 "gen_ai.response.model",
-                self.model(r.response_model.as_deref()),
+                self.models.get(r.response_model.as_deref()),
             ),
             KeyValue::new("tokentap.stream", r.stream),
         ];
@@ -416,6 +428,16 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unbounded_values_are_capped_into_other() {
+        let mut c = Capped::new(2);
+        assert_eq!(c.get(Some("a")), "a");
+        assert_eq!(c.get(Some("b")), "b");
+        assert_eq!(c.get(Some("c")), "other");
+        assert_eq!(c.get(Some("a")), "a");
+        assert_eq!(c.get(None), "unknown");
+    }
 
     #[test]
     fn bucket_lists_are_sorted_and_protocols_parse() {

@@ -107,3 +107,95 @@ pub fn exponential_histograms(exports: &[ExportMetricsServiceRequest]) -> Vec<St
     }
     out
 }
+
+/// Serves OTLP/HTTP protobuf (`POST /v1/metrics`) on 127.0.0.1:`port`
+/// from a plain thread.
+pub fn start_http_receiver(port: u16) -> Sink {
+    use std::io::{Read, Write};
+    let sink = Sink::default();
+    let listener = std::net::TcpListener::bind(("127.0.0.1", port)).expect("bind OTLP/HTTP");
+    let out = sink.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming().flatten() {
+            let mut conn = conn;
+            let mut buf = Vec::new();
+            let mut tmp = [0u8; 65536];
+            let body = loop {
+                let Ok(k) = conn.read(&mut tmp) else {
+                    break None;
+                };
+                if k == 0 {
+                    break None;
+                }
+                buf.extend_from_slice(&tmp[..k]);
+                if let Some(h) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                    let head = String::from_utf8_lossy(&buf[..h]).to_ascii_lowercase();
+                    let len: usize = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .and_then(|v| v.trim().parse().ok())
+                        .unwrap_or(0);
+                    if buf.len() >= h + 4 + len {
+                        break Some((head, buf[h + 4..h + 4 + len].to_vec()));
+                    }
+                }
+            };
+            if let Some((head, body)) = body {
+                if head.starts_with("post /v1/metrics") {
+                    if let Ok(req) =
+                        <ExportMetricsServiceRequest as prost::Message>::decode(&body[..])
+                    {
+                        out.0.lock().unwrap().push(req);
+                    }
+                }
+            }
+            let _ = conn.write_all(b"HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+        }
+    });
+    sink
+}
+
+/// Attributes (key → value as text) of every data point of a sum metric in
+/// the last export that has it.
+pub fn sum_point_attributes(
+    exports: &[ExportMetricsServiceRequest],
+    name: &str,
+) -> Vec<Vec<(String, String)>> {
+    use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
+    for e in exports.iter().rev() {
+        for rm in &e.resource_metrics {
+            for sm in &rm.scope_metrics {
+                for m in &sm.metrics {
+                    if m.name == name {
+                        if let Some(Data::Sum(s)) = &m.data {
+                            return s
+                                .data_points
+                                .iter()
+                                .map(|p| {
+                                    p.attributes
+                                        .iter()
+                                        .map(|kv| {
+                                            let v = match kv
+                                                .value
+                                                .as_ref()
+                                                .and_then(|v| v.value.as_ref())
+                                            {
+                                                Some(Any::StringValue(s)) => s.clone(),
+                                                Some(Any::IntValue(i)) => i.to_string(),
+                                                Some(Any::BoolValue(b)) => b.to_string(),
+                                                Some(Any::DoubleValue(d)) => d.to_string(),
+                                                other => format!("{other:?}"),
+                                            };
+                                            (kv.key.clone(), v)
+                                        })
+                                        .collect()
+                                })
+                                .collect();
+                        }
+                    }
+                }
+            }
+        }
+    }
+    vec![]
+}

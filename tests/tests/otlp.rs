@@ -12,7 +12,10 @@ use std::{
 
 use serde_json::Value;
 use tokentap_tests::{
-    otlp::{counter, exponential_histograms, histogram, start_receiver},
+    otlp::{
+        counter, exponential_histograms, histogram, start_http_receiver, start_receiver,
+        sum_point_attributes,
+    },
     read_jsonl, require_root, scratch_dir, tokentap_bin,
 };
 
@@ -168,6 +171,15 @@ fn a_collector_that_is_down_at_start_gets_the_metrics_once_it_is_up() {
 
 #[test]
 fn exported_histograms_agree_with_the_request_log() {
+    check_export("grpc");
+}
+
+#[test]
+fn http_protobuf_export_agrees_with_the_request_log_too() {
+    check_export("http/protobuf");
+}
+
+fn check_export(protocol: &str) {
     if !require_root("OTLP export") {
         return;
     }
@@ -181,9 +193,13 @@ fn exported_histograms_agree_with_the_request_log() {
         .local_addr()
         .unwrap()
         .port();
-    let sink = start_receiver(&rt, otlp_port);
+    let sink = if protocol == "grpc" {
+        start_receiver(&rt, otlp_port)
+    } else {
+        start_http_receiver(otlp_port)
+    };
 
-    let dir = scratch_dir("otlp");
+    let dir = scratch_dir(&format!("otlp-{}", protocol.replace('/', "-")));
     let log = dir.join("requests.jsonl");
     let mut engine = Command::new(env!("CARGO_BIN_EXE_simengine"))
         .stdout(Stdio::piped())
@@ -207,6 +223,8 @@ fn exported_histograms_agree_with_the_request_log() {
             "--no-console",
             "--export-interval",
             "1",
+            "--otlp-protocol",
+            protocol,
         ])
         .arg("--otlp-endpoint")
         .arg(format!("http://127.0.0.1:{otlp_port}"))
@@ -308,4 +326,20 @@ fn exported_histograms_agree_with_the_request_log() {
         .filter(|r| r["error_type"] == "http_429")
         .collect();
     assert_eq!(errors.len(), 5);
+    // Attributes as DESIGN §4: failures carry error.type; every point the
+    // operation, model, engine and port.
+    let points = sum_point_attributes(&exports, "tokentap.requests");
+    assert!(!points.is_empty());
+    let has =
+        |p: &Vec<(String, String)>, k: &str, v: &str| p.iter().any(|(pk, pv)| pk == k && pv == v);
+    for p in &points {
+        assert!(has(p, "gen_ai.operation.name", "chat"), "{p:?}");
+        assert!(has(p, "gen_ai.request.model", "sim-otlp"), "{p:?}");
+        assert!(p.iter().any(|(k, _)| k == "gen_ai.provider.name"), "{p:?}");
+        assert!(has(p, "server.port", &port.to_string()), "{p:?}");
+    }
+    assert!(
+        points.iter().any(|p| has(p, "error.type", "http_429")),
+        "{points:?}"
+    );
 }
