@@ -161,6 +161,20 @@ struct KernelArgs {
     max_conns: u32,
 }
 
+impl KernelArgs {
+    /// Capture options for these targets with these kernel settings.
+    fn options(&self, pids: &[u32], ports: &[u16]) -> CaptureOptions {
+        CaptureOptions {
+            pids: pids.to_vec(),
+            ports: ports.to_vec(),
+            ring_bytes: self.ring_buffer_bytes,
+            max_call_bytes: self.max_call_bytes,
+            max_conns: self.max_conns,
+            ..CaptureOptions::default()
+        }
+    }
+}
+
 #[derive(Args)]
 struct ReplayArgs {
     /// Capture file written by `tokentap capture` (or any tool following
@@ -317,12 +331,7 @@ async fn run(a: RunArgs) -> Result<()> {
         std::collections::HashMap::new();
     let opts = CaptureOptions {
         allow_no_targets: discovering,
-        pids: a.pids.clone(),
-        ports: a.ports.clone(),
-        ring_bytes: a.kernel.ring_buffer_bytes,
-        max_call_bytes: a.kernel.max_call_bytes,
-        max_conns: a.kernel.max_conns,
-        ..CaptureOptions::default()
+        ..a.kernel.options(&a.pids, &a.ports)
     };
     let mut log = match &a.requests_log {
         Some(p) => Some(RequestLog::create(p)?),
@@ -509,14 +518,7 @@ async fn capture(a: CaptureArgs) -> Result<()> {
             "capture needs at least one --pid PID or --port PORT (see `tokentap capture --help`)"
         );
     }
-    let opts = CaptureOptions {
-        pids: a.pids.clone(),
-        ports: a.ports.clone(),
-        ring_bytes: a.kernel.ring_buffer_bytes,
-        max_call_bytes: a.kernel.max_call_bytes,
-        max_conns: a.kernel.max_conns,
-        ..CaptureOptions::default()
-    };
+    let opts = a.kernel.options(&a.pids, &a.ports);
     let mut writer = Writer::create(&a.out)?;
     if a.out.as_os_str() != "-" {
         eprintln!(

@@ -179,6 +179,33 @@ fn looks_like_request(data: &[u8]) -> bool {
     }
 }
 
+/// What appending to a head buffer found.
+enum HeadFill {
+    /// No blank line yet; this many bytes were taken.
+    More(usize),
+    /// A blank line may end the head now; this many bytes were taken.
+    Ended(usize),
+    /// The head grew past MAX_HEAD_BYTES: not HTTP we can follow.
+    TooLarge,
+}
+
+/// Appends head bytes from `data` to `buf` (never more than one byte past
+/// the limit, so a 1 MiB header line costs 64 KiB).
+fn push_head(buf: &mut Vec<u8>, data: &[u8]) -> HeadFill {
+    let from = buf.len();
+    let take = data
+        .len()
+        .min(MAX_HEAD_BYTES + 1 - from.min(MAX_HEAD_BYTES));
+    buf.extend_from_slice(&data[..take]);
+    if has_head_end(buf, from) {
+        HeadFill::Ended(take)
+    } else if buf.len() > MAX_HEAD_BYTES {
+        HeadFill::TooLarge
+    } else {
+        HeadFill::More(take)
+    }
+}
+
 /// Is there a complete head (blank line) in `buf`, looking only at bytes
 /// from `from` on (minus 3 for a terminator split across appends)?
 fn has_head_end(buf: &[u8], from: usize) -> bool {
@@ -421,17 +448,14 @@ impl Decoder {
                     }
                     start_ns.get_or_insert(ts);
                     let from = buf.len();
-                    let take = data
-                        .len()
-                        .min(MAX_HEAD_BYTES + 1 - buf.len().min(MAX_HEAD_BYTES));
-                    buf.extend_from_slice(&data[..take]);
-                    if !has_head_end(buf, from) {
-                        if buf.len() > MAX_HEAD_BYTES {
-                            return false;
+                    let take = match push_head(buf, data) {
+                        HeadFill::More(n) => {
+                            data = &data[n..];
+                            continue;
                         }
-                        data = &data[take..];
-                        continue;
-                    }
+                        HeadFill::Ended(n) => n,
+                        HeadFill::TooLarge => return false,
+                    };
                     let mut hdrs = [httparse::EMPTY_HEADER; MAX_HEADERS];
                     let mut req = httparse::Request::new(&mut hdrs);
                     let n = match req.parse(buf) {
@@ -585,17 +609,14 @@ impl Decoder {
                         }
                     }
                     let from = buf.len();
-                    let take = data
-                        .len()
-                        .min(MAX_HEAD_BYTES + 1 - buf.len().min(MAX_HEAD_BYTES));
-                    buf.extend_from_slice(&data[..take]);
-                    if !has_head_end(buf, from) {
-                        if buf.len() > MAX_HEAD_BYTES {
-                            return false;
+                    let take = match push_head(buf, data) {
+                        HeadFill::More(n) => {
+                            data = &data[n..];
+                            continue;
                         }
-                        data = &data[take..];
-                        continue;
-                    }
+                        HeadFill::Ended(n) => n,
+                        HeadFill::TooLarge => return false,
+                    };
                     let mut hdrs = [httparse::EMPTY_HEADER; MAX_HEADERS];
                     let mut resp = httparse::Response::new(&mut hdrs);
                     let n = match resp.parse(buf) {
