@@ -531,8 +531,6 @@ struct Obj<'a> {
     model: Loose<'a>,
     #[serde(borrow)]
     model_name: Loose<'a>,
-    #[serde(borrow)]
-    choices: Option<Choices<'a>>,
     usage: Option<Usage>,
     timings: Option<Timings>,
     // Responses API
@@ -567,6 +565,61 @@ struct Obj<'a> {
     error: Option<IgnoredAny>,
 }
 
+/// The fields OpenAI-compatible events use: the hot path (most engines
+/// speak this), kept small so each event builds and drops little.
+#[derive(Deserialize, Default, Debug)]
+#[serde(default)]
+struct OpenAiObj<'a> {
+    #[serde(borrow)]
+    model: Loose<'a>,
+    #[serde(borrow)]
+    choices: Option<Choices<'a>>,
+    usage: Option<Usage>,
+    timings: Option<Timings>,
+    error: Option<IgnoredAny>,
+}
+
+/// OpenAI-compatible events (and unknown shapes, read the same way).
+fn interpret_openai(format: Format, json: &[u8]) -> Option<EventInfo<'_>> {
+    let o: OpenAiObj<'_> = serde_json::from_slice(json).ok()?;
+    let mut info = EventInfo {
+        model: o.model.0,
+        error: o.error.is_some(),
+        ..EventInfo::default()
+    };
+    if let Some(u) = &o.usage {
+        usage_into(u, &mut info);
+    }
+
+    if let Some(ch) = o.choices {
+        if ch.content != Content::None {
+            info.content = ch.content;
+            info.content_parts = ch.parts;
+        }
+        if ch.finish_reason.is_some() {
+            info.finish_reason = ch.finish_reason;
+        }
+    }
+    // llama.cpp's server puts its counts in `timings` when the
+    // client did not ask for usage.
+    if let Some(t) = &o.timings {
+        if info.input_tokens.is_none() {
+            info.input_tokens = t.prompt_n.0;
+        }
+        if info.output_tokens.is_none() {
+            info.output_tokens = t.predicted_n.0;
+        }
+    }
+    if format == Format::Unknown && info.content == Content::None {
+        // Unknown shapes: every event is a chunk; tokens unknown.
+        add(&mut info, Content::Answer);
+        info.input_tokens = None;
+        info.output_tokens = None;
+    }
+
+    Some(info)
+}
+
 fn usage_into(u: &Usage, info: &mut EventInfo<'_>) {
     if let Some(n) = u.prompt_tokens.0.or(u.input_tokens.0) {
         info.input_tokens = Some(n);
@@ -595,6 +648,12 @@ fn add(info: &mut EventInfo<'_>, c: Content) {
 /// Interprets one stream event (or a whole non-streamed body) of `format`.
 /// `None` when the bytes are not a JSON object at all.
 pub fn interpret(format: Format, json: &[u8]) -> Option<EventInfo<'_>> {
+    if matches!(
+        format,
+        Format::OpenAiChat | Format::OpenAiCompletions | Format::OpenAiEmbeddings | Format::Unknown
+    ) {
+        return interpret_openai(format, json);
+    }
     let o: Obj<'_> = serde_json::from_slice(json).ok()?;
     let mut info = EventInfo {
         model: o.model.0.or(o.model_name.0),
@@ -608,33 +667,7 @@ pub fn interpret(format: Format, json: &[u8]) -> Option<EventInfo<'_>> {
         Format::OpenAiChat
         | Format::OpenAiCompletions
         | Format::OpenAiEmbeddings
-        | Format::Unknown => {
-            if let Some(ch) = o.choices {
-                if ch.content != Content::None {
-                    info.content = ch.content;
-                    info.content_parts = ch.parts;
-                }
-                if ch.finish_reason.is_some() {
-                    info.finish_reason = ch.finish_reason;
-                }
-            }
-            // llama.cpp's server puts its counts in `timings` when the
-            // client did not ask for usage.
-            if let Some(t) = &o.timings {
-                if info.input_tokens.is_none() {
-                    info.input_tokens = t.prompt_n.0;
-                }
-                if info.output_tokens.is_none() {
-                    info.output_tokens = t.predicted_n.0;
-                }
-            }
-            if format == Format::Unknown && info.content == Content::None {
-                // Unknown shapes: every event is a chunk; tokens unknown.
-                add(&mut info, Content::Answer);
-                info.input_tokens = None;
-                info.output_tokens = None;
-            }
-        }
+        | Format::Unknown => unreachable!("read by interpret_openai"),
         Format::OpenAiResponses => {
             let kind = o.kind.0.as_deref().unwrap_or("");
             if o.delta.0 {
