@@ -304,3 +304,94 @@ pub fn scratch_dir(name: &str) -> PathBuf {
     std::fs::create_dir_all(&d).expect("mkdir scratch");
     d
 }
+
+/// A child process that is killed and reaped when dropped.
+pub struct Running(pub Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `cmd` with its stdout and stderr read line by line, and returns
+/// once a line contains `ready` (panics after 90 s). The receiver yields
+/// every line, those before `ready` included, and ends when both pipes
+/// close.
+pub fn start(cmd: &mut Command, ready: &str, what: &str) -> (Running, mpsc::Receiver<String>) {
+    let mut child = Running(
+        cmd.stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {what}: {e}")),
+    );
+    let (tx, rx) = mpsc::channel();
+    for r in [
+        Box::new(child.0.stdout.take().expect("stdout")) as Box<dyn std::io::Read + Send>,
+        Box::new(child.0.stderr.take().expect("stderr")),
+    ] {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            for l in BufReader::new(r).lines().map_while(Result::ok) {
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+    }
+    drop(tx);
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let mut seen = vec![];
+    loop {
+        let l = rx
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .unwrap_or_else(|_| panic!("{what} did not start: {seen:?}"));
+        let done = l.contains(ready);
+        seen.push(l);
+        if done {
+            break;
+        }
+    }
+    let (tx, out) = mpsc::channel();
+    std::thread::spawn(move || {
+        for l in seen.into_iter().chain(rx) {
+            if tx.send(l).is_err() {
+                break;
+            }
+        }
+    });
+    (child, out)
+}
+
+/// Starts the simulated engine (`bin`, from `env!("CARGO_BIN_EXE_simengine")`)
+/// and returns it with its port.
+pub fn start_simengine(bin: &Path, args: &[&str]) -> (Running, u16, mpsc::Receiver<String>) {
+    let (engine, out) = start(Command::new(bin).args(args), "listening", "simengine");
+    let port = out
+        .recv()
+        .ok()
+        .and_then(|l| l.strip_prefix("listening ").and_then(|p| p.parse().ok()))
+        .expect("simengine says its port");
+    (engine, port, out)
+}
+
+/// SIGINT, then wait (panics after 30 s: a hang); returns whether it
+/// exited successfully and everything it printed.
+pub fn interrupt(p: &mut Running, out: mpsc::Receiver<String>) -> (bool, Vec<String>) {
+    // SAFETY: a plain signal to our own child.
+    unsafe { libc::kill(p.0.id() as i32, libc::SIGINT) };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(st) = p.0.try_wait().expect("try_wait") {
+            break st;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the process did not stop on SIGINT (hang)"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    (status.success(), out.iter().collect())
+}

@@ -9,28 +9,20 @@
 
 use std::{
     collections::HashMap,
-    io::{BufRead, BufReader, Read, Write},
+    io::{Read, Write},
     net::TcpStream,
     os::fd::AsRawFd,
     path::Path,
-    process::{Child, Command, Stdio},
-    sync::mpsc,
-    time::{Duration, Instant},
+    process::Command,
+    time::Duration,
 };
 
 use serde_json::{json, Value};
 use tokentap_tests::{
+    interrupt,
     otlp::{counter, histogram, start_receiver},
-    read_jsonl, require_root, scratch_dir, tokentap_bin,
+    read_jsonl, require_root, scratch_dir, start, start_simengine, tokentap_bin,
 };
-
-struct Kill(Child);
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 const WRITERS: [&str; 3] = ["write", "writev", "send"];
 
@@ -118,59 +110,6 @@ fn client(port: u16, thread: usize, n: usize) {
     }
 }
 
-fn start(cmd: &mut Command, ready: &str, what: &str) -> (Kill, mpsc::Receiver<String>) {
-    // Owned by `Kill` at once, so it is killed and reaped on every path.
-    let mut child = Kill(
-        cmd.stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .stdin(Stdio::null())
-            .spawn()
-            .expect(what),
-    );
-    let (tx, rx) = mpsc::channel();
-    for r in [
-        Box::new(child.0.stdout.take().unwrap()) as Box<dyn Read + Send>,
-        Box::new(child.0.stderr.take().unwrap()),
-    ] {
-        let tx = tx.clone();
-        std::thread::spawn(move || {
-            for l in BufReader::new(r).lines().map_while(Result::ok) {
-                if tx.send(l).is_err() {
-                    break;
-                }
-            }
-        });
-    }
-    let deadline = Instant::now() + Duration::from_secs(90);
-    let mut seen = vec![];
-    loop {
-        let l = rx
-            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-            .unwrap_or_else(|_| panic!("{what} did not start"));
-        let done = l.contains(ready);
-        seen.push(l);
-        if done {
-            return (child, rx_with_first(seen, rx));
-        }
-    }
-}
-
-/// A receiver that yields the lines already `seen`, then the rest of `rx`.
-fn rx_with_first(seen: Vec<String>, rx: mpsc::Receiver<String>) -> mpsc::Receiver<String> {
-    let (tx, out) = mpsc::channel();
-    for l in seen {
-        let _ = tx.send(l);
-    }
-    std::thread::spawn(move || {
-        for l in rx {
-            if tx.send(l).is_err() {
-                break;
-            }
-        }
-    });
-    out
-}
-
 #[test]
 fn two_hundred_scripted_requests_match_the_engines_clock() {
     if !require_root("live run against simengine") {
@@ -190,20 +129,10 @@ fn two_hundred_scripted_requests_match_the_engines_clock() {
     let dir = scratch_dir("live");
     let truth_path = dir.join("truth.jsonl");
     let log_path = dir.join("requests.jsonl");
-    let (engine, engine_out) = start(
-        Command::new(env!("CARGO_BIN_EXE_simengine"))
-            .arg("--truth")
-            .arg(&truth_path),
-        "listening",
-        "simengine",
+    let (engine, port, _) = start_simengine(
+        Path::new(env!("CARGO_BIN_EXE_simengine")),
+        &["--truth", truth_path.to_str().unwrap()],
     );
-    let port: u16 = engine_out
-        .recv()
-        .unwrap()
-        .strip_prefix("listening ")
-        .unwrap()
-        .parse()
-        .unwrap();
     let pid = engine.0.id();
     let (mut agent, agent_out) = start(
         Command::new(tokentap_bin())
@@ -230,21 +159,8 @@ fn two_hundred_scripted_requests_match_the_engines_clock() {
         t.join().unwrap();
     }
     std::thread::sleep(Duration::from_millis(300));
-    // SAFETY: signal to our own child.
-    unsafe { libc::kill(agent.0.id() as i32, libc::SIGINT) };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(st) = agent.0.try_wait().unwrap() {
-            break st;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "tokentap run did not stop on SIGINT"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let stderr: Vec<String> = agent_out.try_iter().collect();
-    assert!(status.success(), "tokentap run failed: {stderr:?}");
+    let (ok, stderr) = interrupt(&mut agent, agent_out);
+    assert!(ok, "tokentap run failed: {stderr:?}");
     drop(engine);
 
     let truth = read_jsonl(&truth_path);
@@ -403,18 +319,10 @@ fn run_without_targets_finds_an_engine_by_its_command_line() {
     let dir = scratch_dir("discover");
     let log_path = dir.join("requests.jsonl");
     // The simulated engine, named like llama.cpp's server on its command line.
-    let (engine, engine_out) = start(
-        Command::new(env!("CARGO_BIN_EXE_simengine")).args(["--label", "llama-server"]),
-        "listening",
-        "simengine",
+    let (engine, port, _) = start_simengine(
+        Path::new(env!("CARGO_BIN_EXE_simengine")),
+        &["--label", "llama-server"],
     );
-    let port: u16 = engine_out
-        .recv()
-        .unwrap()
-        .strip_prefix("listening ")
-        .unwrap()
-        .parse()
-        .unwrap();
     let (mut agent, agent_out) = start(
         Command::new(tokentap_bin())
             .args(["run", "--no-console", "--requests-log"])
@@ -434,14 +342,8 @@ fn run_without_targets_finds_an_engine_by_its_command_line() {
         assert!(read_response(&mut s, None));
     }
     std::thread::sleep(Duration::from_millis(300));
-    // SAFETY: signal to our own child.
-    unsafe { libc::kill(agent.0.id() as i32, libc::SIGINT) };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while agent.0.try_wait().unwrap().is_none() {
-        assert!(Instant::now() < deadline, "tokentap run did not stop");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let stderr: Vec<String> = agent_out.try_iter().collect();
+    let (ok, stderr) = interrupt(&mut agent, agent_out);
+    assert!(ok, "tokentap run failed: {stderr:?}");
     let found = format!("found llama.cpp (pid {})", engine.0.id());
     assert!(stderr.iter().any(|l| l.contains(&found)), "{stderr:?}");
     let recs = read_jsonl(&log_path);

@@ -4,19 +4,21 @@
 //! with the GenAI semantic conventions' names and units.
 
 use std::{
-    io::{BufRead, BufReader, Read, Write},
+    io::{Read, Write},
     net::TcpStream,
-    process::{Command, Stdio},
+    path::Path,
+    process::Command,
     time::{Duration, Instant},
 };
 
 use serde_json::Value;
 use tokentap_tests::{
+    interrupt,
     otlp::{
         counter, exponential_histograms, histogram, start_http_receiver, start_receiver,
         sum_point_attributes,
     },
-    read_jsonl, require_root, scratch_dir, tokentap_bin,
+    read_jsonl, require_root, scratch_dir, start, start_simengine, tokentap_bin,
 };
 
 fn read_response(s: &mut TcpStream) {
@@ -66,49 +68,23 @@ fn a_collector_that_is_down_at_start_gets_the_metrics_once_it_is_up() {
         .local_addr()
         .unwrap()
         .port();
-    let mut engine = Command::new(env!("CARGO_BIN_EXE_simengine"))
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(engine.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let port: u16 = line
-        .trim()
-        .strip_prefix("listening ")
-        .unwrap()
-        .parse()
-        .unwrap();
-    let mut agent = Command::new(tokentap_bin())
-        .args([
-            "run",
-            "--pid",
-            &engine.id().to_string(),
-            "--no-console",
-            "--export-interval",
-            "1",
-            "--exponential-histograms",
-        ])
-        .arg("--otlp-endpoint")
-        .arg(format!("http://127.0.0.1:{otlp_port}"))
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut err = BufReader::new(agent.stderr.take().unwrap());
-    let mut l = String::new();
-    while !l.contains("; ready") {
-        l.clear();
-        assert!(
-            err.read_line(&mut l).unwrap() > 0,
-            "tokentap run exited before ready"
-        );
-    }
-    let errs = std::thread::spawn(move || {
-        let mut rest = String::new();
-        let _ = err.read_to_string(&mut rest);
-        rest
-    });
+    let (engine, port, _) = start_simengine(Path::new(env!("CARGO_BIN_EXE_simengine")), &[]);
+    let (mut agent, out) = start(
+        Command::new(tokentap_bin())
+            .args([
+                "run",
+                "--pid",
+                &engine.0.id().to_string(),
+                "--no-console",
+                "--export-interval",
+                "1",
+                "--exponential-histograms",
+            ])
+            .arg("--otlp-endpoint")
+            .arg(format!("http://127.0.0.1:{otlp_port}")),
+        "; ready",
+        "tokentap run",
+    );
     let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
     for i in 0..5 {
         one_request(&mut s, i);
@@ -116,7 +92,7 @@ fn a_collector_that_is_down_at_start_gets_the_metrics_once_it_is_up() {
     // Several export intervals against a dead collector.
     std::thread::sleep(Duration::from_millis(2500));
     assert!(
-        agent.try_wait().unwrap().is_none(),
+        agent.0.try_wait().unwrap().is_none(),
         "the agent must keep running without a collector"
     );
     let sink = start_receiver(&rt, otlp_port);
@@ -143,16 +119,10 @@ fn a_collector_that_is_down_at_start_gets_the_metrics_once_it_is_up() {
             .any(|n| n == "gen_ai.server.time_to_first_token"),
         "--exponential-histograms exports base-2 exponential histograms: {expo:?}"
     );
-    // SAFETY: signal to our own child.
-    unsafe { libc::kill(agent.id() as i32, libc::SIGINT) };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while agent.try_wait().unwrap().is_none() {
-        assert!(Instant::now() < deadline, "tokentap run did not stop");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let stderr = errs.join().unwrap();
-    let _ = engine.kill();
-    let _ = engine.wait();
+    let (ok, lines) = interrupt(&mut agent, out);
+    let stderr = lines.join("\n");
+    assert!(ok, "tokentap run failed: {stderr}");
+    drop(engine);
     assert!(
         stderr.contains("OTLP export to") && stderr.contains("failed"),
         "the failure is reported: {stderr}"
@@ -201,52 +171,26 @@ fn check_export(protocol: &str) {
 
     let dir = scratch_dir(&format!("otlp-{}", protocol.replace('/', "-")));
     let log = dir.join("requests.jsonl");
-    let mut engine = Command::new(env!("CARGO_BIN_EXE_simengine"))
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(engine.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let port: u16 = line
-        .trim()
-        .strip_prefix("listening ")
-        .unwrap()
-        .parse()
-        .unwrap();
-    let mut agent = Command::new(tokentap_bin())
-        .args([
-            "run",
-            "--pid",
-            &engine.id().to_string(),
-            "--no-console",
-            "--export-interval",
-            "1",
-            "--otlp-protocol",
-            protocol,
-        ])
-        .arg("--otlp-endpoint")
-        .arg(format!("http://127.0.0.1:{otlp_port}"))
-        .arg("--requests-log")
-        .arg(&log)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut err = BufReader::new(agent.stderr.take().unwrap());
-    let mut l = String::new();
-    while !l.contains("; ready") {
-        l.clear();
-        assert!(
-            err.read_line(&mut l).unwrap() > 0,
-            "tokentap run exited before ready"
-        );
-    }
-    let errs = std::thread::spawn(move || {
-        let mut rest = String::new();
-        let _ = err.read_to_string(&mut rest);
-        rest
-    });
+    let (engine, port, _) = start_simengine(Path::new(env!("CARGO_BIN_EXE_simengine")), &[]);
+    let (mut agent, out) = start(
+        Command::new(tokentap_bin())
+            .args([
+                "run",
+                "--pid",
+                &engine.0.id().to_string(),
+                "--no-console",
+                "--export-interval",
+                "1",
+                "--otlp-protocol",
+                protocol,
+            ])
+            .arg("--otlp-endpoint")
+            .arg(format!("http://127.0.0.1:{otlp_port}"))
+            .arg("--requests-log")
+            .arg(&log),
+        "; ready",
+        "tokentap run",
+    );
 
     let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
     for i in 0..40u64 {
@@ -267,16 +211,10 @@ fn check_export(protocol: &str) {
         read_response(&mut s);
     }
     std::thread::sleep(Duration::from_millis(300));
-    // SAFETY: signal to our own child.
-    unsafe { libc::kill(agent.id() as i32, libc::SIGINT) };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while agent.try_wait().unwrap().is_none() {
-        assert!(Instant::now() < deadline, "tokentap run did not stop");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let stderr = errs.join().unwrap();
-    let _ = engine.kill();
-    let _ = engine.wait();
+    let (ok, lines) = interrupt(&mut agent, out);
+    let stderr = lines.join("\n");
+    assert!(ok, "tokentap run failed: {stderr}");
+    drop(engine);
 
     let recs = read_jsonl(&log);
     assert_eq!(recs.len(), 40, "{stderr}");
