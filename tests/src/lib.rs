@@ -16,6 +16,7 @@ use std::{
 use serde_json::Value;
 
 pub mod otlp;
+pub mod peers;
 pub mod transcript;
 
 /// One ping-pong step of the `exchange` script: the request the client

@@ -6,7 +6,7 @@
 
 use std::{
     io::{BufRead, BufReader, Write},
-    path::{Path, PathBuf},
+    path::PathBuf,
     process::{Child, ChildStdout, Command, Stdio},
     sync::mpsc,
     time::{Duration, Instant},
@@ -18,21 +18,91 @@ use serde_json::Value;
 use crate::util::root;
 
 pub fn run(which: &str, secs: f64, rounds: usize) -> Result<()> {
-    match which {
-        "capture" => {
-            crate::build(true)?;
-            capture(secs, rounds)
-        }
-        "decode" => {
-            crate::build(true)?;
-            decode(secs, rounds)
-        }
-        "all" => {
-            crate::build(true)?;
-            decode(secs, rounds)?;
-            capture(secs, rounds)
-        }
-        other => bail!("unknown bench {other:?}; available: capture, decode, all"),
+    let parts: &[&str] = match which {
+        "all" => &["decode", "capture", "conns", "engine"],
+        "capture" => &["capture"],
+        "decode" => &["decode"],
+        "conns" => &["conns"],
+        "engine" => &["engine"],
+        other => bail!("unknown bench {other:?}; available: all, capture, decode, conns, engine"),
+    };
+    let root_needed = parts.iter().any(|p| *p != "decode");
+    // SAFETY: geteuid has no preconditions.
+    if root_needed && unsafe { libc::geteuid() } != 0 {
+        bail!("this bench loads eBPF: run it as root (`bench decode` does not need root)");
+    }
+    if parts.contains(&"engine") {
+        crate::peers()?;
+    }
+    crate::build(true)?;
+    let mut rows = vec![];
+    for p in parts {
+        rows.extend(match *p {
+            "decode" => decode(secs, rounds)?,
+            "capture" => capture(secs, rounds)?,
+            "conns" => conns(10_000)?,
+            _ => engine(rounds)?,
+        });
+    }
+    let date = crate::util::output(Command::new("date").arg("-u").arg("+%Y-%m-%d %H:%M UTC"))
+        .unwrap_or_default();
+    let mut t = format!(
+        "#### `cargo xtask bench {which} --secs {secs} --rounds {rounds}` — {}\n\nMachine: {}.\n\n",
+        date.trim(),
+        machine()
+    );
+    t += "| # | what | baseline | with tokentap | result | target |\n|---|---|---|---|---|---|\n";
+    for (i, r) in rows.iter().enumerate() {
+        t += &format!(
+            "| {} | {} | {} | {} | {} | {} |\n",
+            i + 1,
+            r.what,
+            r.base,
+            r.traced,
+            r.result,
+            r.target
+        );
+    }
+    t += NOTES;
+    println!("{t}");
+    let out = root().join(format!("target/bench-{which}.md"));
+    std::fs::write(&out, &t)?;
+    eprintln!("xtask bench: table also written to {}", out.display());
+    Ok(())
+}
+
+const NOTES: &str = "
+Baselines and traced conditions alternate within each round; figures are medians over rounds. \
+Capture rows: the workload is a write-heavy SSE server (each write one HTTP chunk with one OpenAI-style token event), \
+its writer thread's CPU (CLOCK_THREAD_CPUTIME_ID) so the agent's own CPU on the other core does not count against it; \
+the agent is `tokentap run` (capture + decode + records). Floor: the cheapest useful tracer, one hash lookup on write \
+enter and exit (`agent-ebpf/src/floor.rs`); \"N× the floor\" = (agent − none) / (floor − none). \
+Engine rows: llama.cpp `llama-server` (1 thread, 4 slots, tiny random-weight model) under 4 concurrent `openai` SDK \
+streams of 64 tokens; TTFT/TPOT differences: 60 sequential mixed requests per engine, tokentap − client per request.
+";
+
+/// One row of the table.
+struct Row {
+    what: String,
+    base: String,
+    traced: String,
+    result: String,
+    target: String,
+}
+
+fn row(
+    what: impl Into<String>,
+    base: impl Into<String>,
+    traced: impl Into<String>,
+    result: impl Into<String>,
+    target: impl Into<String>,
+) -> Row {
+    Row {
+        what: what.into(),
+        base: base.into(),
+        traced: traced.into(),
+        result: result.into(),
+        target: target.into(),
     }
 }
 
@@ -79,6 +149,8 @@ struct Sample {
     dropped: f64,
     events: f64,
     agent_cpu_s: f64,
+    /// Agent peak RSS (VmHWM), KiB.
+    agent_rss_kib: f64,
 }
 
 impl Sample {
@@ -163,6 +235,19 @@ fn spawn_tokentap(args: &[String]) -> Result<Spawned> {
     Ok(s)
 }
 
+/// VmRSS and VmHWM (peak) of a process, KiB.
+fn proc_rss_kib(pid: u32) -> (f64, f64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |k: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(k))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0.0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
 /// utime+stime of a process, in seconds.
 fn proc_cpu_s(pid: u32) -> f64 {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
@@ -223,11 +308,10 @@ fn measure(workload: &[&str], tracer: Tracer) -> Result<Sample> {
                 p
             };
             Some(spawn_tokentap(&[
-                "capture".into(),
+                "run".into(),
                 "--pid".into(),
                 target.to_string(),
-                "--out".into(),
-                "/dev/null".into(),
+                "--no-console".into(),
             ])?)
         }
     };
@@ -250,13 +334,19 @@ fn measure(workload: &[&str], tracer: Tracer) -> Result<Sample> {
             // Let it drain, then stop it and read its counters.
             std::thread::sleep(Duration::from_millis(300));
             s.agent_cpu_s = proc_cpu_s(a.child.id());
+            s.agent_rss_kib = proc_rss_kib(a.child.id()).1;
             // SAFETY: signal to our own child.
             unsafe { libc::kill(a.child.id() as i32, libc::SIGINT) };
             let deadline = Instant::now() + Duration::from_secs(60);
             while let Ok(l) =
                 a.rx.recv_timeout(deadline.saturating_duration_since(Instant::now()))
             {
-                if let Some((_, j)) = l.split_once(" stats ") {
+                // "tokentap: … ; capture {json}; decode {json}"
+                if let Some(j) = l
+                    .split_once("; capture ")
+                    .and_then(|(_, r)| r.split_once("; decode "))
+                    .map(|(j, _)| j)
+                {
                     let st: Value = serde_json::from_str(j)?;
                     s.sent = st["records_sent"].as_f64().unwrap_or(0.0);
                     s.dropped = st["records_dropped"].as_f64().unwrap_or(0.0);
@@ -310,7 +400,7 @@ fn verdict(ok: bool) -> &'static str {
     }
 }
 
-fn decode(secs: f64, rounds: usize) -> Result<()> {
+fn decode(secs: f64, rounds: usize) -> Result<Vec<Row>> {
     let mut runs = vec![];
     for r in 0..rounds {
         eprint!("\rxtask bench: decode round {}/{rounds} ...   ", r + 1);
@@ -319,37 +409,20 @@ fn decode(secs: f64, rounds: usize) -> Result<()> {
     }
     eprintln!();
     let m = |k: &str| median(runs.iter().filter_map(|v| v[k].as_f64()).collect());
-    let date = crate::util::output(Command::new("date").arg("-u").arg("+%Y-%m-%d %H:%M UTC"))
-        .unwrap_or_default();
     let sse = m("sse_events_per_s");
-    let mut t = format!("### `cargo xtask bench decode` — {}\n\n", date.trim());
-    t += &format!(
-        "Machine: {}. One thread decoding an in-memory mix ({} socket events, {} SSE events per pass: 64 keep-alive connections, OpenAI-compatible chat streams of 256 content chunks, 1 in 10 requests non-streamed); median of {rounds} rounds of {secs} s.\n\n",
-        machine(),
-        runs[0]["socket_events"],
-        runs[0]["sse_events"]
-    );
-    t += "| metric | per core | target |\n|---|---|---|\n";
-    t += &format!(
-        "| SSE events decoded | {:.0}/s | ≥ 1,000,000/s: {} |\n",
-        sse,
-        verdict(sse >= 1e6)
-    );
-    t += &format!(
-        "| socket events (syscalls) | {:.0}/s | – |\n",
-        m("socket_events_per_s")
-    );
-    t += &format!("| request records | {:.0}/s | – |\n", m("records_per_s"));
-    t += &format!("| payload bytes | {:.1} MB/s | – |\n", m("mb_per_s"));
-    println!("{t}");
-    std::fs::write(root().join("target/bench-decode.md"), &t)?;
-    Ok(())
+    Ok(vec![row(
+        format!(
+            "decode, one thread, in-memory mix of 64 keep-alive connections of OpenAI chat streams ({:.1} MB/s of payload)",
+            m("mb_per_s")
+        ),
+        "–",
+        format!("{sse:.0} SSE events/s"),
+        format!("{:.0} socket events/s, {:.0} records/s", m("socket_events_per_s"), m("records_per_s")),
+        format!("≥ 1,000,000/s: {}", verdict(sse >= 1e6)),
+    )])
 }
 
-fn capture(secs: f64, rounds: usize) -> Result<()> {
-    if unsafe { libc::geteuid() } != 0 {
-        bail!("the capture bench loads eBPF: run it as root");
-    }
+fn capture(secs: f64, rounds: usize) -> Result<Vec<Row>> {
     let s = format!("{secs}");
     let tcp_max = rounds_of(
         &["tcp", &s],
@@ -366,37 +439,71 @@ fn capture(secs: f64, rounds: usize) -> Result<()> {
         &[Tracer::None, Tracer::Floor, Tracer::AgentElsewhere],
         rounds,
     )?;
-
-    let mut t = String::new();
-    let date = crate::util::output(Command::new("date").arg("-u").arg("+%Y-%m-%d %H:%M UTC"))
-        .unwrap_or_default();
-    t += &format!("### `cargo xtask bench capture` — {}\n\n", date.trim());
-    t += &format!("Machine: {}. Each figure is the median of {rounds} rounds of {secs} s; conditions alternate within a round.\n\n", machine());
-    t += "| # | workload | metric | no agent | floor (1 lookup) | agent | result | target |\n|---|---|---|---|---|---|---|---|\n";
-
+    let mut rows = vec![];
     let (b, a) = (&tcp_max[0], &tcp_max[1]);
+    rows.push(row(
+        "write-heavy SSE server, max rate: throughput",
+        format!("{:.0} writes/s", med(b, Sample::rate)),
+        format!("{:.0} writes/s", med(a, Sample::rate)),
+        format!(
+            "{:.1}% of untraced",
+            100.0 * med(a, Sample::rate) / med(b, Sample::rate)
+        ),
+        "–",
+    ));
     let added = med(a, Sample::cpu_ns_per_write) - med(b, Sample::cpu_ns_per_write);
-    t += &format!(
-        "| 1 | targeted loopback TCP server, 300-byte write(), max rate | writes/s | {:.0} | – | {:.0} | {:.1}% of untraced | – |\n",
-        med(b, Sample::rate),
-        med(a, Sample::rate),
-        100.0 * med(a, Sample::rate) / med(b, Sample::rate)
-    );
-    t += &format!(
-        "| 1 | same | writer CPU ns per write() | {:.0} | – | {:.0} | +{added:.0} ns per traced call | ≤ 1000 ns: {} |\n",
-        med(b, Sample::cpu_ns_per_write),
-        med(a, Sample::cpu_ns_per_write),
-        verdict(added <= 1000.0)
-    );
+    rows.push(row(
+        "same: server CPU per write()",
+        format!("{:.0} ns", med(b, Sample::cpu_ns_per_write)),
+        format!("{:.0} ns", med(a, Sample::cpu_ns_per_write)),
+        format!("+{added:.0} ns per traced call"),
+        format!("≤ 1000 ns: {}", verdict(added <= 1000.0)),
+    ));
     let (b, a) = (&tcp_paced[0], &tcp_paced[1]);
     let extra_pct = (med(a, Sample::cpu_ms_per_s) - med(b, Sample::cpu_ms_per_s)) / 10.0;
-    t += &format!(
-        "| 2 | same server paced at 20,000 writes/s ({:.0} achieved) | writer CPU ms per s | {:.2} | – | {:.2} | +{extra_pct:.2}% of one core | ≤ 2%: {} |\n",
-        med(a, Sample::rate),
-        med(b, Sample::cpu_ms_per_s),
-        med(a, Sample::cpu_ms_per_s),
-        verdict(extra_pct <= 2.0)
-    );
+    rows.push(row(
+        format!(
+            "same server paced at 20,000 writes/s ({:.0} achieved): server CPU",
+            med(a, Sample::rate)
+        ),
+        format!("{:.2} ms/s", med(b, Sample::cpu_ms_per_s)),
+        format!("{:.2} ms/s", med(a, Sample::cpu_ms_per_s)),
+        format!("+{extra_pct:.2}% of one core"),
+        format!("≤ 2%: {}", verdict(extra_pct <= 2.0)),
+    ));
+    let per10k = |set: &[Sample]| {
+        let ev_s = med(set, |s| s.events) / secs;
+        (
+            ev_s,
+            100.0 * med(set, |s| s.agent_cpu_s) / secs / (ev_s / 1e4),
+            med(set, |s| s.agent_rss_kib) / 1024.0,
+        )
+    };
+    for (name, set) in [("max rate", &tcp_max[1]), ("20k writes/s", &tcp_paced[1])] {
+        let (ev_s, cpu, rss) = per10k(set);
+        rows.push(row(
+            format!("agent cost at the SSE server's {name} ({ev_s:.0} events/s)"),
+            "–",
+            format!(
+                "{:.1}% of a core, peak RSS {rss:.1} MiB",
+                100.0 * med(set, |s| s.agent_cpu_s) / secs
+            ),
+            format!("{cpu:.2}% of a core per 10k events/s"),
+            "–",
+        ));
+    }
+    let sent = med(&tcp_max[1], |s| s.sent);
+    let dropped = med(&tcp_max[1], |s| s.dropped);
+    rows.push(row(
+        "ring-buffer drops at the highest sustained rate (SSE server, max rate)",
+        "–",
+        format!("{sent:.0} delivered / {dropped:.0} dropped"),
+        format!(
+            "{:.3}% dropped",
+            100.0 * dropped / (sent + dropped).max(1.0)
+        ),
+        "–",
+    ));
     let (b, f, a) = (&pipe[0], &pipe[1], &pipe[2]);
     let (nb, nf, na) = (
         med(b, Sample::cpu_ns_per_write),
@@ -404,34 +511,133 @@ fn capture(secs: f64, rounds: usize) -> Result<()> {
         med(a, Sample::cpu_ns_per_write),
     );
     let ratio = (na - nb) / (nf - nb);
-    t += &format!(
-        "| 3 | process NOT targeted, 16-byte write() to a pipe, max rate | writes/s | {:.0} | {:.0} | {:.0} | – | – |\n",
-        med(b, Sample::rate),
-        med(f, Sample::rate),
-        med(a, Sample::rate)
-    );
-    t += &format!(
-        "| 3 | same | CPU ns per write() | {nb:.0} | {nf:.0} (+{:.0}) | {na:.0} (+{:.0}) | agent adds {ratio:.2}× the floor's cost | ≤ 1.3×: {} |\n",
-        nf - nb,
-        na - nb,
-        verdict(ratio <= 1.3)
-    );
-    for (name, set) in [("1 (max rate)", &tcp_max[1]), ("2 (20k/s)", &tcp_paced[1])] {
-        let sent = med(set, |s| s.sent);
-        let dropped = med(set, |s| s.dropped);
-        t += &format!(
-            "| 4 | records at workload {name} | delivered / dropped | – | – | {:.0} / {:.0} | {:.3}% dropped; agent CPU {:.1}% of a core | – |\n",
-            sent,
-            dropped,
-            100.0 * dropped / (sent + dropped).max(1.0),
-            100.0 * med(set, |s| s.agent_cpu_s) / secs
-        );
+    rows.push(row(
+        "process NOT targeted, 16-byte pipe write(): CPU per write (floor tracer in brackets)",
+        format!("{nb:.0} ns (floor {nf:.0} ns, +{:.0})", nf - nb),
+        format!("{na:.0} ns (+{:.0})", na - nb),
+        format!("agent adds {ratio:.2}× the floor's cost"),
+        format!("≤ 1.3×: {}", verdict(ratio <= 1.3)),
+    ));
+    Ok(rows)
+}
+
+/// Agent RSS with `n` open connections of a targeted server, each holding
+/// a partial request in the decoder.
+fn conns(n: usize) -> Result<Vec<Row>> {
+    let mut child = Command::new(bin("benchpeer"))
+        .args(["conns", &n.to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("starting benchpeer conns")?;
+    let mut stdin = child.stdin.take().context("stdin")?;
+    let rx = lines(child.stdout.take().context("stdout")?);
+    let peer = Spawned { child, rx };
+    let pid: u32 = wait_ready(&peer.rx, "benchpeer conns")?
+        .strip_prefix("ready ")
+        .and_then(|p| p.parse().ok())
+        .context("benchpeer ready line")?;
+    let agent = spawn_tokentap(&[
+        "run".into(),
+        "--pid".into(),
+        pid.to_string(),
+        "--no-console".into(),
+    ])?;
+    std::thread::sleep(Duration::from_millis(500));
+    let before = proc_rss_kib(agent.child.id()).0;
+    writeln!(stdin, "go")?;
+    stdin.flush()?;
+    let line = peer
+        .rx
+        .recv_timeout(Duration::from_secs(180))
+        .context("benchpeer conns gave no result")?;
+    let opened = serde_json::from_str::<Value>(&line)?["conns"]
+        .as_u64()
+        .unwrap_or(0);
+    std::thread::sleep(Duration::from_secs(2));
+    let (after, peak) = proc_rss_kib(agent.child.id());
+    drop(agent);
+    drop(stdin);
+    drop(peer);
+    Ok(vec![row(
+        format!("agent memory with {opened} open tracked connections (each with a partial request buffered)"),
+        format!("RSS {:.1} MiB (0 connections)", before / 1024.0),
+        format!("RSS {:.1} MiB (peak {:.1})", after / 1024.0, peak / 1024.0),
+        format!("{:.2} KiB per connection", (after - before) / opened.max(1) as f64),
+        "–",
+    )])
+}
+
+/// The real-engine rows (tests/src/bin/enginebench.rs).
+fn engine(rounds: usize) -> Result<Vec<Row>> {
+    eprintln!("xtask bench: real engine (llama.cpp), {rounds} rounds ...");
+    let out = crate::util::output(
+        Command::new(bin("enginebench"))
+            .args([rounds.to_string(), "32".into()])
+            .env("TOKENTAP_BIN", bin("tokentap"))
+            .stderr(Stdio::inherit()),
+    )?;
+    let v: Value =
+        serde_json::from_str(out.trim()).with_context(|| format!("enginebench said {out:?}"))?;
+    let f = |k: &str| v[k].as_f64().unwrap_or(f64::NAN);
+    let mut rows = vec![
+        row(
+            "real engine (llama-server) under load: requests/s",
+            format!("{:.2}/s", f("untraced_req_s")),
+            format!("{:.2}/s", f("traced_req_s")),
+            format!(
+                "{:.1}% of untraced",
+                100.0 * f("traced_req_s") / f("untraced_req_s")
+            ),
+            "–",
+        ),
+        row(
+            "same: output tokens/s",
+            format!("{:.0}/s", f("untraced_tok_s")),
+            format!("{:.0}/s", f("traced_tok_s")),
+            format!(
+                "{:.1}% of untraced",
+                100.0 * f("traced_tok_s") / f("untraced_tok_s")
+            ),
+            "–",
+        ),
+        row(
+            format!("same: agent cost ({:.0} events/s)", f("agent_events_per_s")),
+            "–",
+            format!(
+                "{:.1}% of a core, peak RSS {:.1} MiB",
+                100.0 * f("agent_cpu_frac"),
+                f("agent_peak_rss_kib") / 1024.0
+            ),
+            format!(
+                "{:.2}% of a core per 10k events/s",
+                100.0 * f("agent_cpu_frac") / (f("agent_events_per_s") / 1e4)
+            ),
+            "–",
+        ),
+    ];
+    for e in v["fidelity"].as_array().into_iter().flatten() {
+        let g = |k: &str| e[k].as_f64().unwrap_or(f64::NAN);
+        rows.push(row(
+            format!(
+                "TTFT / TPOT difference vs the openai client, {} ({} of {} requests matched)",
+                e["engine"].as_str().unwrap_or("?"),
+                e["matched"],
+                e["requests"]
+            ),
+            "–",
+            format!(
+                "|ΔTTFT| p50 {:.3} ms, p99 {:.3} ms (n={}); |ΔTPOT| p50 {:.3} ms, p99 {:.3} ms (n={})",
+                g("ttft_p50_ms"),
+                g("ttft_p99_ms"),
+                e["ttft_n"],
+                g("tpot_p50_ms"),
+                g("tpot_p99_ms"),
+                e["tpot_n"]
+            ),
+            format!("p99 |ΔTTFT| {:.3} ms", g("ttft_p99_ms")),
+            format!("≤ 2 ms: {}", verdict(g("ttft_p99_ms") <= 2.0)),
+        ));
     }
-    t += "\nRows 1–2: CPU time of the workload's writing thread (CLOCK_THREAD_CPUTIME_ID), so the agent's own CPU on the other core does not count against it. Row 3: the floor is the cheapest useful tracer — one hash lookup on write enter and exit (`agent-ebpf/src/floor.rs`); \"agent adds N× the floor\" = (agent − none) / (floor − none).\n";
-    println!("{t}");
-    let out = root().join("target/bench-capture.md");
-    std::fs::write(&out, &t)?;
-    eprintln!("xtask bench: table also written to {}", out.display());
-    let _ = Path::new("");
-    Ok(())
+    Ok(rows)
 }

@@ -39,13 +39,19 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    /// Run the whole test suite: unit, property and root eBPF integration
-    /// tests. Under CI=true a test that cannot load eBPF fails.
+    /// Run the whole test suite: unit, property, golden, root eBPF
+    /// integration, end-to-end, fidelity against real engines (installing
+    /// the peers first when root or CI) and a short fuzz run. Under CI=true
+    /// a test that cannot load eBPF or find its peers fails.
     Test {
         /// Extra arguments for `cargo test` (after `--`), e.g. a test name filter.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Install the real peers the fidelity test and benches drive (from
+    /// PyPI, into tests/peers/: llama.cpp built from source, the openai SDK,
+    /// AIPerf, Rotel, a generated tiny model). Idempotent.
+    Peers,
     /// Show tokentap's console on a simulated engine under load (root).
     Demo {
         /// How long to run, in seconds.
@@ -57,10 +63,15 @@ enum Cmd {
         #[arg(long, default_value_t = 300)]
         secs: u64,
     },
-    /// Run benchmarks and print tables: `capture`, `decode`, or `all`.
+    /// Run benchmarks and print one table (also written to
+    /// target/bench-WHICH.md): `all` (default), `decode`, `capture`,
+    /// `conns`, `engine`.
     Bench {
-        /// Which bench: capture (kernel capture overhead, needs root),
-        /// decode (decoder throughput), or all.
+        /// all; decode (decoder throughput); capture (kernel capture
+        /// overhead on a write-heavy SSE server, drops, agent CPU/RSS;
+        /// root); conns (agent RSS with 10,000 tracked connections; root);
+        /// engine (real llama.cpp engines: traced vs untraced throughput,
+        /// TTFT/TPOT vs the client; root, installs the peers).
         #[arg(default_value = "all")]
         which: String,
         /// Seconds per measurement.
@@ -79,6 +90,7 @@ fn main() -> ExitCode {
         Cmd::Build { release } => build(release),
         Cmd::Run { args } => run(args),
         Cmd::Test { args } => test(args),
+        Cmd::Peers => peers(),
         Cmd::Fuzz { secs } => fuzz::run(secs),
         Cmd::Demo { secs } => demo::run(secs),
         Cmd::Bench {
@@ -117,7 +129,20 @@ fn run(args: Vec<String>) -> Result<()> {
     util::run(&mut cmd)
 }
 
+/// Installs the real peers (tests/peers/install.sh).
+pub fn peers() -> Result<()> {
+    let script = util::root().join("tests/peers/install.sh");
+    util::run(std::process::Command::new("bash").arg(script))
+}
+
 fn test(args: Vec<String>) -> Result<()> {
+    let ci = std::env::var("CI").is_ok_and(|v| v == "true");
+    // SAFETY: geteuid has no preconditions.
+    if ci || unsafe { libc::geteuid() } == 0 {
+        peers()?;
+    } else {
+        eprintln!("xtask: not root: the fidelity tests will skip; peers not installed");
+    }
     build(false)?;
     let tc = toolchain::ensure()?;
     let obj = ebpf::object_path();

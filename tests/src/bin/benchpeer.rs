@@ -3,11 +3,21 @@
 //! on its writing thread: `{"writes":N,"wall_s":W,"cpu_s":C}`.
 //!
 //! Modes:
-//!   tcp SECS [RATE]  300-byte write()s to a loopback TCP connection (a
-//!                    reader thread drains it), as fast as possible or
-//!                    paced at RATE writes/s (in 1 ms batches)
+//!   tcp SECS [RATE]  a write-heavy SSE server: one loopback connection
+//!                    carries an OpenAI-style streamed chat request, and
+//!                    the response is 300-byte write()s, each one HTTP
+//!                    chunk with one SSE token event (a reader thread
+//!                    drains it), as fast as possible or paced at RATE
+//!                    writes/s (in 1 ms batches)
 //!   pipe SECS        16-byte write()s to a pipe (drained by the same thread)
 //!   idle             do nothing until stdin closes (a harmless target)
+//!   conns N          accept N loopback connections from a child process
+//!                    (not this one, so only the server side is a target);
+//!                    each sends one partial HTTP request head that the
+//!                    server reads, so every connection holds decoder
+//!                    state; all stay open until stdin closes. Prints
+//!                    `{"conns":N}` once all are open.
+//!   conns-client PORT N   the child: opens N connections and writes
 
 use std::{
     io::{BufRead, Read, Write},
@@ -72,6 +82,29 @@ fn write_loop(fd: i32, chunk: &[u8], secs: f64, rate: Option<f64>) -> (u64, f64,
     (n, start.elapsed().as_secs_f64(), thread_cpu_s() - cpu0)
 }
 
+/// One HTTP chunk of `total` bytes carrying one OpenAI-style SSE event
+/// with one content token (padded with an `id` field).
+fn sse_chunk(total: usize) -> Vec<u8> {
+    let frame = |pad: usize| {
+        let ev = format!(
+            "data: {{\"id\":\"{}\",\"object\":\"chat.completion.chunk\",\"model\":\"bench\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\" tok\"}}}}]}}\n\n",
+            "x".repeat(pad)
+        );
+        format!("{:x}\r\n{ev}\r\n", ev.len()).into_bytes()
+    };
+    let base = frame(0).len();
+    frame(total.saturating_sub(base))
+}
+
+fn raise_nofile(want: u64) {
+    let lim = libc::rlimit {
+        rlim_cur: want,
+        rlim_max: want,
+    };
+    // SAFETY: valid struct; failure leaves the old limit (then accept fails loudly).
+    unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) };
+}
+
 fn report(writes: u64, wall: f64, cpu: f64) {
     println!("{{\"writes\":{writes},\"wall_s\":{wall:.6},\"cpu_s\":{cpu:.6}}}");
     std::io::stdout().flush().ok();
@@ -88,6 +121,13 @@ fn main() {
             let port = l.local_addr().expect("addr").port();
             let reader = std::thread::spawn(move || {
                 let mut c = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+                let body = br#"{"model":"bench","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+                let head = format!(
+                    "POST /v1/chat/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+                    body.len()
+                );
+                c.write_all(head.as_bytes()).expect("write head");
+                c.write_all(body).expect("write body");
                 let mut buf = vec![0u8; 1 << 16];
                 while let Ok(k) = c.read(&mut buf) {
                     if k == 0 {
@@ -95,11 +135,24 @@ fn main() {
                     }
                 }
             });
-            let (conn, _) = l.accept().expect("accept");
+            let (mut conn, _) = l.accept().expect("accept");
+            let mut req = [0u8; 4096];
+            let mut got = 0;
+            // The request ends with its JSON body's last bytes.
+            while !req[..got].ends_with(b"}]}") {
+                let k = conn.read(&mut req[got..]).expect("read request");
+                assert!(k > 0, "client closed before its request");
+                got += k;
+            }
+            conn.write_all(
+                b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n",
+            )
+            .expect("write response head");
             println!("ready {}", std::process::id());
             std::io::stdout().flush().ok();
             wait_go();
-            let (n, wall, cpu) = write_loop(conn.as_raw_fd(), &[b'x'; 300], secs, rate);
+            let (n, wall, cpu) = write_loop(conn.as_raw_fd(), &sse_chunk(300), secs, rate);
+            let _ = conn.write_all(b"0\r\n\r\n");
             drop(conn);
             reader.join().ok();
             report(n, wall, cpu);
@@ -133,6 +186,48 @@ fn main() {
             }
             report(n, start.elapsed().as_secs_f64(), thread_cpu_s() - cpu0);
         }
+        Some("conns") => {
+            let n: usize = arg(1).and_then(|s| s.parse().ok()).unwrap_or(10_000);
+            raise_nofile(n as u64 * 2 + 64);
+            let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+            let port = l.local_addr().expect("addr").port();
+            println!("ready {}", std::process::id());
+            std::io::stdout().flush().ok();
+            wait_go();
+            let mut client = std::process::Command::new(std::env::current_exe().expect("exe"))
+                .args(["conns-client", &port.to_string(), &n.to_string()])
+                .stdin(std::process::Stdio::piped())
+                .spawn()
+                .expect("spawn conns-client");
+            let mut held = Vec::with_capacity(n);
+            let mut buf = [0u8; 256];
+            for _ in 0..n {
+                let (mut c, _) = l.accept().expect("accept");
+                let _ = c.read(&mut buf);
+                held.push(c);
+            }
+            println!("{{\"conns\":{}}}", held.len());
+            std::io::stdout().flush().ok();
+            let mut sink = String::new();
+            std::io::stdin().lock().read_to_string(&mut sink).ok();
+            drop(client.stdin.take());
+            let _ = client.wait();
+        }
+        Some("conns-client") => {
+            let port: u16 = arg(1).and_then(|s| s.parse().ok()).expect("port");
+            let n: usize = arg(2).and_then(|s| s.parse().ok()).expect("count");
+            raise_nofile(n as u64 + 64);
+            let mut held = Vec::with_capacity(n);
+            for _ in 0..n {
+                let mut c = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+                c.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: bench\r\n")
+                    .expect("write");
+                held.push(c);
+            }
+            // Until the parent closes our stdin.
+            let mut sink = String::new();
+            std::io::stdin().lock().read_to_string(&mut sink).ok();
+        }
         Some("idle") => {
             println!("ready {}", std::process::id());
             std::io::stdout().flush().ok();
@@ -140,7 +235,7 @@ fn main() {
             std::io::stdin().lock().read_to_string(&mut sink).ok();
         }
         _ => {
-            eprintln!("usage: benchpeer tcp SECS [RATE] | pipe SECS | idle");
+            eprintln!("usage: benchpeer tcp SECS [RATE] | pipe SECS | conns N | idle");
             std::process::exit(2);
         }
     }

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Installs the real third-party peers the fidelity test and the benchmarks
+# drive, all from PyPI, into this directory (nothing outside it is touched):
+#
+#   .venv/            Python virtualenv: openai SDK, aiperf, rotel, gguf,
+#                     llama-cpp-python[server] (Python part), cmake, ninja
+#   .build/llama.cpp  llama.cpp built once from the llama-cpp-python sdist:
+#                     the shared libraries llama-cpp-python loads
+#                     (LLAMA_CPP_LIB_PATH) and the native llama-server
+#   .model/           tiny random-weight GGUF model + tokenizer (make_model.py)
+#
+# Idempotent: a stamp file records what was built from which inputs; run it
+# again and it only checks. Times of each step are printed (and written to
+# .install-times) so CI budgets can be tracked.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+cd "$here"
+LLAMA_CPP_PYTHON=0.3.36
+venv="$here/.venv"
+build="$here/.build"
+src="$build/llama_cpp_python-$LLAMA_CPP_PYTHON"
+jobs="${PEERS_JOBS:-$(nproc)}"
+stamp="$here/.installed"
+want="llama-cpp-python=$LLAMA_CPP_PYTHON requirements=$(sha256sum requirements.txt make_model.py install.sh | sha256sum | cut -c1-16)"
+
+if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+    echo "peers: installed ($want)"
+    exit 0
+fi
+
+: > "$here/.install-times"
+step() { # step NAME COMMAND... : runs and times one step
+    local name="$1"; shift
+    local t0=$SECONDS
+    echo "peers: $name ..."
+    "$@"
+    local dt=$((SECONDS - t0))
+    echo "peers: $name done in ${dt}s"
+    echo "$name ${dt}s" >> "$here/.install-times"
+}
+
+make_venv() {
+    [[ -x "$venv/bin/python" ]] || python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check -r requirements.txt
+}
+
+fetch_sdist() {
+    mkdir -p "$build"
+    if [[ ! -d "$src" ]]; then
+        # --no-binary for this one package only (build dependencies stay wheels).
+        "$venv/bin/pip" download --quiet --disable-pip-version-check --no-deps \
+            --no-binary llama-cpp-python "llama-cpp-python==$LLAMA_CPP_PYTHON" -d "$build"
+        tar -xzf "$build/llama_cpp_python-$LLAMA_CPP_PYTHON.tar.gz" -C "$build"
+    fi
+}
+
+build_llama_cpp() {
+    # One build serves both engines: shared libraries for the Python server
+    # and the native llama-server (cpp-httplib). No web UI, no network at
+    # build time, no OpenSSL, portable code (GGML_NATIVE=OFF).
+    PATH="$venv/bin:$PATH" cmake -S "$src/vendor/llama.cpp" -B "$build/llama.cpp" -G Ninja \
+        -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DGGML_NATIVE=OFF \
+        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON \
+        -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
+        -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_APP=OFF > "$build/cmake.log"
+    PATH="$venv/bin:$PATH" cmake --build "$build/llama.cpp" -j "$jobs" --target llama-server llama
+}
+
+install_python_server() {
+    # The Python package without its own copy of llama.cpp: it loads the
+    # libraries built above (LLAMA_CPP_LIB_PATH, set by whoever starts it).
+    CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF" \
+        "$venv/bin/pip" install --quiet --disable-pip-version-check "${src}[server]"
+}
+
+step venv make_venv
+step sdist fetch_sdist
+step llama.cpp build_llama_cpp
+step llama-cpp-python install_python_server
+step model "$venv/bin/python" make_model.py --vocab "$src/vendor/llama.cpp/models/ggml-vocab-llama-spm.gguf" --out "$here/.model"
+echo "$want" > "$stamp"
+echo "peers: ready"; cat "$here/.install-times"
