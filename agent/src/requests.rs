@@ -131,6 +131,10 @@ pub struct Exchange {
     output_tokens: Option<u64>,
     finish_reason: Option<String>,
     stream_error: bool,
+    /// The stream's own end marker was written (`data: [DONE]`, Ollama
+    /// `done`, llama.cpp `stop`): the answer is complete even if the HTTP
+    /// framing after it never is.
+    stream_ended: bool,
 }
 
 impl Exchange {
@@ -170,11 +174,23 @@ impl Exchange {
             output_tokens: None,
             finish_reason: None,
             stream_error: false,
+            stream_ended: false,
         }
     }
 
     /// One stream event, carried by the write at `ts_ns`.
+    /// The stream's end marker (OpenAI `data: [DONE]`).
+    pub fn on_stream_end(&mut self) {
+        self.stream_ended = true;
+    }
+
+    /// Whether the stream's end marker has been written.
+    pub fn stream_ended(&self) -> bool {
+        self.stream_ended
+    }
+
     pub fn on_stream_event(&mut self, ts_ns: u64, info: EventInfo<'_>) {
+        self.stream_ended |= info.end_of_stream;
         if info.content != Content::None {
             if self.first_content_ns.is_none() {
                 self.first_content_ns = Some(ts_ns);

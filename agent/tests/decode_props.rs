@@ -468,3 +468,61 @@ fn invalid_json_events_are_not_content_for_known_formats() {
     assert_eq!(out[0].ttft_s, None);
     assert_eq!(out[0].output_tokens, None);
 }
+
+/// uvicorn (llama-cpp-python) writes the chunked body's last chunk after
+/// `data: [DONE]`, and the openai SDK closes the connection as soon as it
+/// reads `[DONE]`: the engine then reads EOF with the HTTP response still
+/// open. The client got its whole answer: not a disconnect.
+#[test]
+fn a_client_that_hangs_up_after_done_got_its_answer() {
+    for after_done in [true, false] {
+        let mut d = Decoder::new();
+        let mut out = vec![];
+        let req = r#"{"model":"m","stream":true}"#;
+        d.on_event(
+            &data(
+                T0,
+                Dir::In,
+                format!(
+                    "POST /v1/chat/completions HTTP/1.1\r\nContent-Length: {}\r\n\r\n{req}",
+                    req.len()
+                )
+                .into_bytes(),
+            ),
+            &mut out,
+        );
+        let ev =
+            "data: {\"choices\":[{\"delta\":{\"content\":\"a\"},\"finish_reason\":\"stop\"}]}\n\n";
+        d.on_event(
+            &data(
+                T0 + 10,
+                Dir::Out,
+                format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{ev}\r\n",
+                    ev.len()
+                )
+                .into_bytes(),
+            ),
+            &mut out,
+        );
+        if after_done {
+            d.on_event(
+                &data(T0 + 20, Dir::Out, b"e\r\ndata: [DONE]\n\n\r\n".to_vec()),
+                &mut out,
+            );
+        }
+        d.on_event(&data(T0 + 30, Dir::In, vec![]), &mut out);
+        assert_eq!(out.len(), 1);
+        let want = if after_done {
+            None
+        } else {
+            Some("client_disconnect")
+        };
+        assert_eq!(
+            out[0].error_type.as_deref(),
+            want,
+            "after_done={after_done}"
+        );
+        assert_eq!(out[0].ttft_s.is_some(), after_done);
+    }
+}

@@ -9,29 +9,101 @@ without `stream_options.include_usage`), non-streamed requests, and every
 `--cancel-every`-th request is cancelled by the client after three content
 chunks (it closes the connection mid-stream).
 
-Client timing, per request (time.perf_counter_ns, one clock):
-  t_send   httpx `request` event hook: the SDK has built the request and is
-           about to write it (the closest the SDK lets a caller get to send)
-  ttft_s   first content-bearing chunk parsed − t_send (streams)
-  tpot_s   (last − first content chunk) / (N − 1), N = usage completion
-           tokens when the server reported them, else content chunks
-           (tokentap's definition, so the two are comparable)
-  duration_s  last byte of the response parsed − t_send
+Client timing, per request, taken at the client's socket (CLOCK_REALTIME
+ns): a wrapper around httpcore's network stream stamps the first write of
+each request (t_send, just before the send), and every read with the
+kernel's receive timestamp of the data it returned (SO_TIMESTAMPNS, the
+arrival of the newest segment read), so a client busy parsing the previous
+event does not delay the next one's time; an event the SDK yields carries
+the time of the read that delivered its bytes. Reads are at most 64 bytes:
+when a burst of events has queued up, one large read would stamp them all
+with the last one's arrival, a small read spans at most the start of the
+next event. Load generators such as
+AIPerf take their time when their reader gets the bytes, which equals
+this when the client keeps up.
+
+  ttft_s      first content-bearing chunk's read − t_send (streams)
+  tpot_s      (last − first content chunk) / (N − 1), N = usage completion
+              tokens when the server reported them, else content chunks
+              (tokentap's definition, so the two are comparable)
+  duration_s  last read of the response − t_send
+  ttft_sdk_s  first content chunk as the SDK hands it over (after its SSE
+              and JSON parsing and model construction) − t_send: what an
+              application timing around the SDK would see
 """
 import argparse
 import json
+import socket
+import struct
 import sys
 import threading
 import time
 
+import httpcore
 import httpx
 import openai
 
 _local = threading.local()
+# Linux SO_TIMESTAMPNS (= SCM_TIMESTAMPNS; struct timespec of two longs on 64-bit); Python has no constant.
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
+# Largest read (see the module doc: keeps per-event arrival times in bursts).
+READ_BYTES = 64
 
 
 def _on_request(_req):
-    _local.send_ns = time.perf_counter_ns()
+    _local.send_ns = None  # stamped by the request's first socket write
+
+
+class _TimedStream(httpcore.NetworkStream):
+    """httpcore's socket stream, with a clock on each read and write."""
+
+    def __init__(self, inner):
+        self._s = inner
+        self._sock = inner.get_extra_info("socket")
+        self._sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+
+    def read(self, max_bytes, timeout=None):
+        try:
+            self._sock.settimeout(timeout)
+            data, anc, _flags, _addr = self._sock.recvmsg(min(max_bytes, READ_BYTES), 64)
+        except socket.timeout as e:
+            raise httpcore.ReadTimeout(e) from e
+        except OSError as e:
+            raise httpcore.ReadError(e) from e
+        ts = None
+        for level, kind, payload in anc:
+            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
+                sec, nsec = struct.unpack("qq", payload[:16])
+                ts = sec * 1_000_000_000 + nsec
+        _local.recv_ns = ts if ts is not None else time.time_ns()
+        return data
+
+    def write(self, buffer, timeout=None):
+        if getattr(_local, "send_ns", None) is None:
+            _local.send_ns = time.time_ns()
+        self._s.write(buffer, timeout)
+
+    def close(self):
+        self._s.close()
+
+    def start_tls(self, *a, **kw):
+        return _TimedStream(self._s.start_tls(*a, **kw))
+
+    def get_extra_info(self, info):
+        return self._s.get_extra_info(info)
+
+
+class _TimedBackend(httpcore.SyncBackend):
+    def connect_tcp(self, *a, **kw):
+        return _TimedStream(super().connect_tcp(*a, **kw))
+
+
+def timed_http_client():
+    transport = httpx.HTTPTransport()
+    # httpx 0.28 has no public hook for the network backend; the pool's
+    # attribute is pinned with httpx/httpcore in requirements.txt.
+    transport._pool._network_backend = _TimedBackend()
+    return httpx.Client(transport=transport, event_hooks={"request": [_on_request]}, timeout=120.0)
 
 
 KINDS = [
@@ -76,26 +148,28 @@ def run_one(client, a, i, endpoint, stream, usage, cancel):
         call = lambda: client.completions.create(prompt=prompt, **kw)
     if not stream:
         resp = call()
-        t_end = time.perf_counter_ns()
-        rec.update(status=200, duration_s=(t_end - _local.send_ns) / 1e9,
+        rec.update(status=200, duration_s=(_local.recv_ns - _local.send_ns) / 1e9,
                    prompt_tokens=resp.usage.prompt_tokens if resp.usage else None,
                    completion_tokens=resp.usage.completion_tokens if resp.usage else None)
         return rec
     times = []
+    sdk_first = None
     prompt_tokens = completion_tokens = None
     s = call()
     t_send = _local.send_ns
     for chunk in s:
-        now = time.perf_counter_ns()
+        now = _local.recv_ns
         if getattr(chunk, "usage", None):
             prompt_tokens = chunk.usage.prompt_tokens
             completion_tokens = chunk.usage.completion_tokens
         if content_of(endpoint, chunk):
+            if sdk_first is None:
+                sdk_first = time.time_ns()
             times.append(now)
             if cancel and len(times) == 3:
                 s.close()  # drops the connection mid-stream
                 break
-    t_end = time.perf_counter_ns()
+    t_end = _local.recv_ns
     n = completion_tokens if completion_tokens is not None else len(times)
     rec.update(
         status=200,
@@ -105,6 +179,9 @@ def run_one(client, a, i, endpoint, stream, usage, cancel):
         ttft_s=(times[0] - t_send) / 1e9 if times else None,
         tpot_s=((times[-1] - times[0]) / 1e9 / (n - 1)) if len(times) > 1 and n > 1 and not cancel else None,
         duration_s=(t_end - t_send) / 1e9,
+        ttft_sdk_s=(sdk_first - t_send) / 1e9 if sdk_first else None,
+        send_ns=t_send,
+        first_rx_ns=times[0] if times else None,
     )
     return rec
 
@@ -116,6 +193,12 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=32, help="max_tokens per request (default 32)")
     ap.add_argument("--cancel-every", type=int, default=12, help="cancel every k-th request mid-stream (0: never)")
     ap.add_argument("--tag", default="fid", help="model tag prefix (default fid)")
+    ap.add_argument("--warmup", type=int, default=0,
+                    help="streamed requests sent first and not written out (tag warmup-<i>): "
+                         "the client's first requests pay its own lazy imports and connection set-up")
+    ap.add_argument("--think-ms", type=float, default=0.0,
+                    help="pause after each response before the next request (default 0): lets the engine "
+                         "finish its own clean-up, so a request does not wait unread in its socket")
     ap.add_argument("--concurrency", type=int, default=1,
                     help="requests in flight, one connection each (default 1: sequential, the most precise timing)")
     ap.add_argument("--only", choices=["mix", "chat-stream-usage"], default="mix",
@@ -131,7 +214,7 @@ def main():
     failures = []
 
     def worker():
-        http = httpx.Client(event_hooks={"request": [_on_request]}, timeout=120.0)
+        http = timed_http_client()
         client = openai.OpenAI(base_url=a.base_url, api_key="not-needed", http_client=http, max_retries=0)
         while True:
             with lock:
@@ -146,6 +229,16 @@ def main():
             with lock:
                 out.write(json.dumps(rec) + "\n")
                 out.flush()
+            if a.think_ms:
+                time.sleep(a.think_ms / 1000)
+
+    if a.warmup:
+        http = timed_http_client()
+        client = openai.OpenAI(base_url=a.base_url, api_key="not-needed", http_client=http, max_retries=0)
+        wa = argparse.Namespace(**{**vars(a), "tag": "warmup"})
+        for i in range(a.warmup):
+            run_one(client, wa, i, "chat" if i % 2 else "completion", True, False, False)
+        http.close()
 
     t0 = time.perf_counter()
     threads = [threading.Thread(target=worker) for _ in range(max(1, a.concurrency))]

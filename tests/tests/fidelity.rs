@@ -23,12 +23,16 @@ use std::{
 use serde_json::Value;
 use tokentap_tests::{
     interrupt,
-    peers::{free_port, Comparison, Engine, Peers},
+    peers::{free_port, lowest_priority, Comparison, Engine, Peers},
     read_jsonl, require_root, scratch_dir, start, tokentap_bin,
 };
 
-/// Requests per engine; every 12th is cancelled by the client.
-const N: usize = 60;
+/// Requests per engine; every 12th is cancelled by the client. Enough
+/// that about 100 streams complete, so the p99 is not just the maximum.
+const N: usize = 168;
+/// Streamed requests the client sends first (its own warm-up: lazy
+/// imports, connection set-up), logged by tokentap but not compared.
+const WARMUP: usize = 2;
 /// Loopback bound on the p99 of |TTFT difference| (issue 5).
 const TTFT_P99_MAX_MS: f64 = 2.0;
 
@@ -65,7 +69,7 @@ fn fidelity(kind: Engine) {
     let port = free_port();
     let (engine, _engine_out) = peers.start_engine(kind, port, 1);
     let (mut agent, agent_out) = start(
-        Command::new(tokentap_bin())
+        lowest_priority(&mut Command::new(tokentap_bin()))
             .args(["run", "--pid", &engine.0.id().to_string()])
             .args(["--no-console", "--export-interval", "1"])
             .arg("--otlp-endpoint")
@@ -86,6 +90,10 @@ fn fidelity(kind: Engine) {
             "32",
             "--cancel-every",
             "12",
+            "--warmup",
+            &WARMUP.to_string(),
+            "--think-ms",
+            "50",
         ],
         &dir.join("client.jsonl"),
     );
@@ -114,6 +122,27 @@ fn fidelity(kind: Engine) {
         "tpot_t",
         "diff"
     );
+    // Where a difference comes from (both CLOCK_REALTIME): the request
+    // waiting before the engine read it (client send → t0), and the first
+    // event travelling to the client (t1 → client receive).
+    let split = |q: &Value, r: &Value| -> String {
+        match (
+            q["send_ns"].as_i64(),
+            q["first_rx_ns"].as_i64(),
+            r["t0_ns"].as_i64(),
+            r["ttft_s"].as_f64(),
+        ) {
+            (Some(send), Some(rx), Some(t0), Some(ttft)) => {
+                let t1 = t0 + (ttft * 1e9) as i64;
+                format!(
+                    "send→t0 {:.3} t1→rx {:.3}",
+                    (t0 - send) as f64 / 1e6,
+                    (rx - t1) as f64 / 1e6
+                )
+            }
+            _ => String::new(),
+        }
+    };
     let ms = |v: &Value| {
         v.as_f64()
             .map(|x| format!("{:.3}", x * 1e3))
@@ -126,7 +155,7 @@ fn fidelity(kind: Engine) {
             _ => "-".into(),
         };
         println!(
-            "{:>3} {:<10} {:>6} {:>5} {:>6} | {:>9} {:>9} {:>8} | {:>8} {:>8} {:>8} | {}/{} {}",
+            "{:>3} {:<10} {:>6} {:>5} {:>6} | {:>9} {:>9} {:>8} | {:>8} {:>8} {:>8} | {}/{} {} {}",
             q["i"],
             q["endpoint"].as_str().unwrap(),
             q["stream"],
@@ -140,14 +169,24 @@ fn fidelity(kind: Engine) {
             diff("tpot_s"),
             q["completion_tokens"],
             r["output_tokens"],
-            r["error_type"]
+            r["error_type"],
+            split(q, r)
         );
     }
     let (t50, t99) = Comparison::abs_ms(&cmp.ttft_diff);
     let (p50, p99) = Comparison::abs_ms(&cmp.tpot_diff);
+    let (s50, s99) = Comparison::abs_ms(&cmp.ttft_sdk_diff);
+    let (b50, b99) = Comparison::abs_ms(&cmp.before_read);
+    let (c50, c99) = Comparison::abs_ms(&cmp.to_client);
+    println!(
+        "{}: the TTFT difference split: request unread in the engine's socket (client send → t0) \
+         p50 {b50:.3} ms p99 {b99:.3} ms; first event t1 → client receive p50 {c50:.3} ms p99 {c99:.3} ms",
+        kind.name()
+    );
     println!(
         "{}: {N} requests in {client_s:.1}s; |TTFT diff| p50 {t50:.3} ms p99 {t99:.3} ms (n={}); \
-         |TPOT diff| p50 {p50:.3} ms p99 {p99:.3} ms (n={})",
+         |TPOT diff| p50 {p50:.3} ms p99 {p99:.3} ms (n={}); vs TTFT after the SDK's parsing: \
+         p50 {s50:.3} ms p99 {s99:.3} ms",
         kind.name(),
         cmp.ttft_diff.len(),
         cmp.tpot_diff.len()
@@ -163,7 +202,11 @@ fn fidelity(kind: Engine) {
         "requests logged twice: {:?}",
         cmp.duplicated
     );
-    assert_eq!(records.len(), N, "no record beyond the client's requests");
+    assert_eq!(
+        records.len(),
+        N + WARMUP,
+        "no record beyond the client's requests (and its warm-up)"
+    );
     for p in &cmp.pairs {
         let (q, r) = (p.client, p.record);
         let what = format!("client {q}\nrecord {r}");
@@ -192,8 +235,8 @@ fn fidelity(kind: Engine) {
         } else {
             let d = r["duration_s"].as_f64().unwrap() - q["duration_s"].as_f64().unwrap();
             assert!(
-                d <= 0.0005,
-                "tokentap's duration exceeds the client's: {what}"
+                d <= 0.002,
+                "tokentap's duration exceeds the client's by more than 2 ms: {what}"
             );
         }
     }

@@ -166,6 +166,9 @@ pub struct EventInfo<'a> {
     pub finish_reason: Option<Cow<'a, str>>,
     /// The event reports an error (an `error` object, a failed response).
     pub error: bool,
+    /// The engine's own end-of-stream event (Ollama `done: true`, llama.cpp
+    /// `stop: true`); OpenAI's `data: [DONE]` is seen by the SSE layer.
+    pub end_of_stream: bool,
 }
 
 impl Default for EventInfo<'_> {
@@ -178,6 +181,7 @@ impl Default for EventInfo<'_> {
             output_tokens: None,
             finish_reason: None,
             error: false,
+            end_of_stream: false,
         }
     }
 }
@@ -729,6 +733,7 @@ pub fn interpret(format: Format, json: &[u8]) -> Option<EventInfo<'_>> {
                 add(&mut info, Content::Reasoning);
             }
             if o.done == Some(true) {
+                info.end_of_stream = true;
                 info.finish_reason = o.done_reason.0;
                 info.input_tokens = o.prompt_eval_count.0;
                 info.output_tokens = o.eval_count.0;
@@ -739,6 +744,7 @@ pub fn interpret(format: Format, json: &[u8]) -> Option<EventInfo<'_>> {
                 add(&mut info, Content::Answer);
             }
             if o.stop == Some(true) {
+                info.end_of_stream = true;
                 info.finish_reason = o.stop_type.0;
                 info.output_tokens = o
                     .tokens_predicted

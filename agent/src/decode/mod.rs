@@ -368,7 +368,12 @@ impl Decoder {
             }
             while let Some(x) = conn.queue.pop_front() {
                 let end = x.last_response_byte_ns.unwrap_or(d.ts_ns);
-                self.emit(x.finish(end, Some(gone)), out);
+                // A client that hangs up after the stream's end marker but
+                // before the HTTP framing's end (uvicorn writes the last
+                // chunk after `[DONE]`; the openai SDK closes on `[DONE]`)
+                // got its whole answer.
+                let err = (!x.stream_ended()).then_some(gone);
+                self.emit(x.finish(end, err), out);
             }
             self.reset(conn);
             conn.broken = true;
@@ -779,6 +784,7 @@ fn feed_body(body: &mut Body, format: Format, x: &mut Exchange, ts: u64, bytes: 
     match body {
         Body::Sse(sse) => sse.feed(bytes, &mut |ev| {
             if ev.data == b"[DONE]" {
+                x.on_stream_end();
                 return;
             }
             feed_event(format, x, ts, ev.data);
