@@ -2,12 +2,12 @@
 # Installs the real third-party peers the fidelity test and the benchmarks
 # drive, all from PyPI, into this directory (nothing outside it is touched):
 #
-#   .venv/            Python virtualenv: openai SDK, aiperf, rotel, gguf,
+#   .venv/            Python virtualenv: openai SDK, rotel, gguf,
 #                     llama-cpp-python[server] (Python part), cmake, ninja
 #   .build/llama.cpp  llama.cpp built once from the llama-cpp-python sdist:
 #                     the shared libraries llama-cpp-python loads
 #                     (LLAMA_CPP_LIB_PATH) and the native llama-server
-#   .model/           tiny random-weight GGUF model + tokenizer (make_model.py)
+#   .model/           tiny random-weight GGUF model (make_model.py)
 #
 # Idempotent: a stamp file records what was built from which inputs; run it
 # again and it only checks. Times of each step are printed (and written to

@@ -6,15 +6,10 @@ vocabulary (a vocab-only GGUF shipped in the llama.cpp source tree) plus
 random tensors of a small llama. Its output is gibberish; the engine, the
 tokenisation, the streaming and the timing are real.
 
-Also writes a Hugging Face `tokenizer.json` built from the same vocabulary
-(a Unigram model over the SentencePiece pieces and scores), for clients such
-as AIPerf that count tokens themselves.
-
     make_model.py --vocab ggml-vocab-llama-spm.gguf --out DIR
-        -> DIR/tiny-llama.gguf, DIR/tokenizer/{tokenizer.json,tokenizer_config.json}
+        -> DIR/tiny-llama.gguf
 """
 import argparse
-import json
 import pathlib
 
 import numpy as np
@@ -88,45 +83,7 @@ def main() -> None:
     w.write_tensors_to_file()
     w.close()
 
-    write_tokenizer(fields, tokens, a.out / "tokenizer")
     print(f"model: {path} ({path.stat().st_size // 1024} KiB, vocab {n_vocab}, {a.layers}x{a.embd})")
-
-
-def write_tokenizer(fields, tokens, out: pathlib.Path) -> None:
-    """A tokenizers-format Unigram tokenizer over the same pieces/scores."""
-    scores = fields["tokenizer.ggml.scores"].contents()
-    types = fields["tokenizer.ggml.token_type"].contents()
-    unk = int(fields["tokenizer.ggml.unknown_token_id"].contents()) if "tokenizer.ggml.unknown_token_id" in fields else 0
-    bos = int(fields["tokenizer.ggml.bos_token_id"].contents())
-    eos = int(fields["tokenizer.ggml.eos_token_id"].contents())
-    added = [
-        {"id": i, "content": tokens[i], "single_word": False, "lstrip": False, "rstrip": False,
-         "normalized": False, "special": True}
-        for i, ty in enumerate(types) if ty == 3  # CONTROL
-    ]
-    tok = {
-        "version": "1.0",
-        "truncation": None,
-        "padding": None,
-        "added_tokens": added,
-        "normalizer": None,
-        "pre_tokenizer": {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first", "split": False},
-        "post_processor": None,
-        "decoder": {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first", "split": False},
-        "model": {
-            "type": "Unigram",
-            "unk_id": unk,
-            "vocab": [[p, float(s)] for p, s in zip(tokens, scores)],
-            "byte_fallback": True,
-        },
-    }
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "tokenizer.json").write_text(json.dumps(tok, ensure_ascii=False))
-    (out / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": tokens[bos], "eos_token": tokens[eos], "unk_token": tokens[unk],
-        "model_max_length": 2048,
-    }))
 
 
 if __name__ == "__main__":

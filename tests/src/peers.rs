@@ -1,6 +1,6 @@
 //! The real third-party peers installed by `tests/peers/install.sh`
 //! (through `cargo xtask peers`): llama.cpp's two servers, the `openai` SDK
-//! client, AIPerf and the Rotel collector. Every process started here is
+//! client and the Rotel collector. Every process started here is
 //! killed when its handle drops and, should the test process die first,
 //! by the kernel (`PR_SET_PDEATHSIG`), so no engine outlives a run.
 
@@ -69,10 +69,6 @@ impl Peers {
 
     pub fn model(&self) -> PathBuf {
         self.dir.join(".model/tiny-llama.gguf")
-    }
-
-    pub fn tokenizer(&self) -> PathBuf {
-        self.dir.join(".model/tokenizer")
     }
 
     fn lib_dir(&self) -> PathBuf {

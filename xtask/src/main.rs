@@ -50,7 +50,7 @@ enum Cmd {
     },
     /// Install the real peers the fidelity test and benches drive (from
     /// PyPI, into tests/peers/: llama.cpp built from source, the openai SDK,
-    /// AIPerf, Rotel, a generated tiny model). Idempotent.
+    /// Rotel, a generated tiny model). Idempotent.
     Peers,
     /// Show tokentap's console on a simulated engine under load (root).
     Demo {
