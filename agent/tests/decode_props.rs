@@ -87,6 +87,20 @@ fn data(ts: u64, dir: Dir, bytes: Vec<u8>) -> SocketEvent {
     })
 }
 
+/// A streamed chat request (`model: m`) read by the engine at `ts`.
+fn streamed_chat_request(ts: u64) -> SocketEvent {
+    let req = r#"{"model":"m","stream":true}"#;
+    data(
+        ts,
+        Dir::In,
+        format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nContent-Length: {}\r\n\r\n{req}",
+            req.len()
+        )
+        .into_bytes(),
+    )
+}
+
 fn frame(chunked: bool, s: &str) -> Vec<u8> {
     if chunked {
         format!("{:x}\r\n{s}\r\n", s.len()).into_bytes()
@@ -404,19 +418,7 @@ fn a_truncated_request_body_still_yields_a_record_without_a_model() {
 fn a_connection_closed_mid_chunk_is_an_upstream_reset() {
     let mut d = Decoder::new();
     let mut out = vec![];
-    let req = r#"{"model":"m","stream":true}"#;
-    d.on_event(
-        &data(
-            T0,
-            Dir::In,
-            format!(
-                "POST /v1/chat/completions HTTP/1.1\r\nContent-Length: {}\r\n\r\n{req}",
-                req.len()
-            )
-            .into_bytes(),
-        ),
-        &mut out,
-    );
+    d.on_event(&streamed_chat_request(T0), &mut out);
     d.on_event(
         &data(
             T0 + 10,
@@ -442,19 +444,7 @@ fn a_connection_closed_mid_chunk_is_an_upstream_reset() {
 fn invalid_json_events_are_not_content_for_known_formats() {
     let mut d = Decoder::new();
     let mut out = vec![];
-    let req = r#"{"model":"m","stream":true}"#;
-    d.on_event(
-        &data(
-            T0,
-            Dir::In,
-            format!(
-                "POST /v1/chat/completions HTTP/1.1\r\nContent-Length: {}\r\n\r\n{req}",
-                req.len()
-            )
-            .into_bytes(),
-        ),
-        &mut out,
-    );
+    d.on_event(&streamed_chat_request(T0), &mut out);
     let body: &[u8] = b"data: {not json\n\ndata: \xff\xfe\x00\x01\n\n";
     let mut resp = format!(
         "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: {}\r\n\r\n",
@@ -478,19 +468,7 @@ fn a_client_that_hangs_up_after_done_got_its_answer() {
     for after_done in [true, false] {
         let mut d = Decoder::new();
         let mut out = vec![];
-        let req = r#"{"model":"m","stream":true}"#;
-        d.on_event(
-            &data(
-                T0,
-                Dir::In,
-                format!(
-                    "POST /v1/chat/completions HTTP/1.1\r\nContent-Length: {}\r\n\r\n{req}",
-                    req.len()
-                )
-                .into_bytes(),
-            ),
-            &mut out,
-        );
+        d.on_event(&streamed_chat_request(T0), &mut out);
         let ev =
             "data: {\"choices\":[{\"delta\":{\"content\":\"a\"},\"finish_reason\":\"stop\"}]}\n\n";
         d.on_event(

@@ -18,9 +18,8 @@ event does not delay the next one's time; an event the SDK yields carries
 the time of the read that delivered its bytes. Reads are at most 64 bytes:
 when a burst of events has queued up, one large read would stamp them all
 with the last one's arrival, a small read spans at most the start of the
-next event. Load generators such as
-AIPerf take their time when their reader gets the bytes, which equals
-this when the client keeps up.
+next event. Load generators such as AIPerf take their time when their
+reader gets the bytes, which equals this when the client keeps up.
 
   ttft_s      first content-bearing chunk's read − t_send (streams)
   tpot_s      (last − first content chunk) / (N − 1), N = usage completion
