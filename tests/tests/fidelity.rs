@@ -11,6 +11,14 @@
 //! requests carry `error_type: client_disconnect`; Rotel received
 //! tokentap's metrics. Per-request differences are printed.
 //!
+//! The client times at its socket (send, and the kernel's receive
+//! timestamps; `tests/peers/client.py`). Requests go one at a time, 50 ms
+//! apart, after two warm-up requests; engine and client run at nice −10
+//! and the agent at nice 19, so that on two cores the difference measured
+//! is tokentap's and not the scheduler's (the split printed at the end
+//! shows both parts: the request unread in the engine's socket before t0,
+//! and t1 → the client's receive). See docs/comparison.md.
+//!
 //! The peers come from PyPI through `tests/peers/install.sh` (`cargo xtask
 //! peers`, run by `cargo xtask test`).
 
