@@ -298,6 +298,14 @@ pub fn payload(ev: &Value) -> Vec<u8> {
         .expect("base64")
 }
 
+/// A loopback port with nothing listening on it right now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("bind an ephemeral port")
+        .port()
+}
+
 /// A fresh scratch directory under the system temp dir.
 pub fn scratch_dir(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("tokentap-test-{name}-{}", std::process::id()));

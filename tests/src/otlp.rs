@@ -8,7 +8,7 @@ use opentelemetry_proto::tonic::{
         metrics_service_server::{MetricsService, MetricsServiceServer},
         ExportMetricsServiceRequest, ExportMetricsServiceResponse,
     },
-    metrics::v1::{metric::Data, number_data_point::Value as Num},
+    metrics::v1::{metric::Data, number_data_point::Value as Num, Metric},
 };
 
 #[derive(Clone, Default)]
@@ -47,48 +47,47 @@ pub fn histogram(
     exports: &[ExportMetricsServiceRequest],
     name: &str,
 ) -> Option<(u64, f64, String)> {
-    for e in exports.iter().rev() {
-        for rm in &e.resource_metrics {
-            for sm in &rm.scope_metrics {
-                for m in &sm.metrics {
-                    if m.name == name {
-                        if let Some(Data::Histogram(h)) = &m.data {
-                            let c = h.data_points.iter().map(|p| p.count).sum();
-                            let s = h.data_points.iter().map(|p| p.sum.unwrap_or(0.0)).sum();
-                            return Some((c, s, m.unit.clone()));
-                        }
-                    }
-                }
-            }
+    last_metric(exports, name, |m| match &m.data {
+        Some(Data::Histogram(h)) => {
+            let c = h.data_points.iter().map(|p| p.count).sum();
+            let s = h.data_points.iter().map(|p| p.sum.unwrap_or(0.0)).sum();
+            Some((c, s, m.unit.clone()))
         }
-    }
-    None
+        _ => None,
+    })
 }
 
+/// The summed data points of counter `name` in the newest export that has it.
 pub fn counter(exports: &[ExportMetricsServiceRequest], name: &str) -> Option<u64> {
-    for e in exports.iter().rev() {
-        for rm in &e.resource_metrics {
-            for sm in &rm.scope_metrics {
-                for m in &sm.metrics {
-                    if m.name == name {
-                        if let Some(Data::Sum(s)) = &m.data {
-                            return Some(
-                                s.data_points
-                                    .iter()
-                                    .map(|p| match p.value {
-                                        Some(Num::AsInt(i)) => i as u64,
-                                        Some(Num::AsDouble(d)) => d as u64,
-                                        None => 0,
-                                    })
-                                    .sum(),
-                            );
-                        }
-                    }
-                }
-            }
-        }
-    }
-    None
+    last_metric(exports, name, |m| match &m.data {
+        Some(Data::Sum(s)) => Some(
+            s.data_points
+                .iter()
+                .map(|p| match p.value {
+                    Some(Num::AsInt(i)) => i as u64,
+                    Some(Num::AsDouble(d)) => d as u64,
+                    None => 0,
+                })
+                .sum(),
+        ),
+        _ => None,
+    })
+}
+
+/// `read` applied to the newest metric called `name` it accepts.
+fn last_metric<T>(
+    exports: &[ExportMetricsServiceRequest],
+    name: &str,
+    read: impl Fn(&Metric) -> Option<T>,
+) -> Option<T> {
+    exports
+        .iter()
+        .rev()
+        .flat_map(|e| &e.resource_metrics)
+        .flat_map(|rm| &rm.scope_metrics)
+        .flat_map(|sm| &sm.metrics)
+        .filter(|m| m.name == name)
+        .find_map(read)
 }
 
 /// Names of the metrics with an exponential histogram in the last export.

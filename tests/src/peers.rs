@@ -13,6 +13,7 @@ use std::{
 
 use serde_json::Value;
 
+pub use crate::free_port;
 use crate::{read_jsonl, start, Running};
 
 /// The two llama.cpp HTTP stacks.
@@ -37,14 +38,6 @@ impl Engine {
 /// The installed peers (`tests/peers/`).
 pub struct Peers {
     pub dir: PathBuf,
-}
-
-/// A port free right now on loopback.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("bind an ephemeral port")
-        .port()
 }
 
 impl Peers {

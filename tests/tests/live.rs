@@ -120,11 +120,7 @@ fn two_hundred_scripted_requests_match_the_engines_clock() {
         .enable_all()
         .build()
         .unwrap();
-    let otlp_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let otlp_port = tokentap_tests::free_port();
     let sink = start_receiver(&rt, otlp_port);
     let dir = scratch_dir("live");
     let truth_path = dir.join("truth.jsonl");

@@ -63,11 +63,7 @@ fn a_collector_that_is_down_at_start_gets_the_metrics_once_it_is_up() {
         .build()
         .unwrap();
     // A free port with nothing listening on it (yet).
-    let otlp_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let otlp_port = tokentap_tests::free_port();
     let (engine, port, _) = start_simengine(Path::new(env!("CARGO_BIN_EXE_simengine")), &[]);
     let (mut agent, out) = start(
         Command::new(tokentap_bin())
@@ -158,11 +154,7 @@ fn check_export(protocol: &str) {
         .enable_all()
         .build()
         .unwrap();
-    let otlp_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let otlp_port = tokentap_tests::free_port();
     let sink = if protocol == "grpc" {
         start_receiver(&rt, otlp_port)
     } else {
