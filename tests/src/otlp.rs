@@ -25,12 +25,14 @@ impl MetricsService for Sink {
     }
 }
 
-/// Serves OTLP/gRPC metrics on 127.0.0.1:`port` on `rt`.
-pub fn start_receiver(rt: &tokio::runtime::Runtime, port: u16) -> Sink {
+/// Serves OTLP/gRPC metrics on 127.0.0.1:`port` on `rt` (0: any free
+/// port, bound at once so nothing can take it first); returns the port.
+pub fn start_receiver(rt: &tokio::runtime::Runtime, port: u16) -> (Sink, u16) {
     let sink = Sink::default();
     let listener = rt
         .block_on(tokio::net::TcpListener::bind(("127.0.0.1", port)))
         .unwrap();
+    let port = listener.local_addr().unwrap().port();
     let svc = sink.clone();
     rt.spawn(async move {
         tonic::transport::Server::builder()
@@ -38,7 +40,7 @@ pub fn start_receiver(rt: &tokio::runtime::Runtime, port: u16) -> Sink {
             .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener))
             .await
     });
-    sink
+    (sink, port)
 }
 
 /// Cumulative (sum of counts, sum of sums) of a histogram in the last
@@ -108,11 +110,12 @@ pub fn exponential_histograms(exports: &[ExportMetricsServiceRequest]) -> Vec<St
 }
 
 /// Serves OTLP/HTTP protobuf (`POST /v1/metrics`) on 127.0.0.1:`port`
-/// from a plain thread.
-pub fn start_http_receiver(port: u16) -> Sink {
+/// (0: any free port) from a plain thread; returns the port.
+pub fn start_http_receiver(port: u16) -> (Sink, u16) {
     use std::io::{Read, Write};
     let sink = Sink::default();
     let listener = std::net::TcpListener::bind(("127.0.0.1", port)).expect("bind OTLP/HTTP");
+    let port = listener.local_addr().expect("local addr").port();
     let out = sink.clone();
     std::thread::spawn(move || {
         for conn in listener.incoming().flatten() {
@@ -151,7 +154,7 @@ pub fn start_http_receiver(port: u16) -> Sink {
             let _ = conn.write_all(b"HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
         }
     });
-    sink
+    (sink, port)
 }
 
 /// Attributes (key → value as text) of every data point of a sum metric in

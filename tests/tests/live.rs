@@ -120,8 +120,7 @@ fn two_hundred_scripted_requests_match_the_engines_clock() {
         .enable_all()
         .build()
         .unwrap();
-    let otlp_port = tokentap_tests::free_port();
-    let sink = start_receiver(&rt, otlp_port);
+    let (sink, otlp_port) = start_receiver(&rt, 0);
     let dir = scratch_dir("live");
     let truth_path = dir.join("truth.jsonl");
     let log_path = dir.join("requests.jsonl");

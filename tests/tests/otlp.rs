@@ -91,7 +91,7 @@ fn a_collector_that_is_down_at_start_gets_the_metrics_once_it_is_up() {
         agent.0.try_wait().unwrap().is_none(),
         "the agent must keep running without a collector"
     );
-    let sink = start_receiver(&rt, otlp_port);
+    let (sink, _) = start_receiver(&rt, otlp_port);
     for i in 5..10 {
         one_request(&mut s, i);
     }
@@ -154,11 +154,10 @@ fn check_export(protocol: &str) {
         .enable_all()
         .build()
         .unwrap();
-    let otlp_port = tokentap_tests::free_port();
-    let sink = if protocol == "grpc" {
-        start_receiver(&rt, otlp_port)
+    let (sink, otlp_port) = if protocol == "grpc" {
+        start_receiver(&rt, 0)
     } else {
-        start_http_receiver(otlp_port)
+        start_http_receiver(0)
     };
 
     let dir = scratch_dir(&format!("otlp-{}", protocol.replace('/', "-")));
