@@ -10,7 +10,10 @@ use std::collections::{BTreeMap, VecDeque};
 
 use hdrhistogram::Histogram;
 
-use crate::requests::RequestRecord;
+use crate::{
+    pipeline::{plan::ConsolePlan, Sink, Tick},
+    record::{Finished, RequestRecord},
+};
 
 /// What one finished request contributes to the view.
 #[derive(Clone, Debug)]
@@ -55,7 +58,7 @@ impl Console {
 
     pub fn record(&mut self, r: &RequestRecord) {
         let key = (
-            r.provider.unwrap_or("-").to_string(),
+            r.provider.clone().unwrap_or_else(|| "-".into()),
             r.response_model
                 .clone()
                 .or_else(|| r.request_model.clone())
@@ -184,6 +187,65 @@ impl Console {
     }
 }
 
+/// The console as a pipeline sink: a redrawn table on a terminal, plain
+/// lines (stdout, or stderr when the request log has stdout) otherwise, at
+/// the plan's interval.
+pub struct ConsoleSink {
+    view: Console,
+    plan: ConsolePlan,
+    next_draw_ns: u64,
+}
+
+impl ConsoleSink {
+    pub fn new(plan: ConsolePlan) -> Self {
+        Self {
+            view: Console::new(plan.window_s),
+            plan,
+            next_draw_ns: 0,
+        }
+    }
+
+    fn draw(&mut self, t: &Tick<'_>) {
+        let rows = self.view.rows(t.now_ns);
+        let in_flight = t.health.in_flight.max(0) as usize;
+        if self.plan.table {
+            print!(
+                "\x1b[2J\x1b[H{}",
+                Console::render(&rows, in_flight, &t.health.line())
+            );
+            let _ = std::io::Write::flush(&mut std::io::stdout());
+        } else {
+            for line in Console::lines(&rows, in_flight) {
+                if self.plan.to_stderr {
+                    eprintln!("{line}")
+                } else {
+                    println!("{line}")
+                }
+            }
+        }
+    }
+}
+
+impl Sink for ConsoleSink {
+    fn record(&mut self, f: &Finished) -> anyhow::Result<()> {
+        self.view.record(&f.record);
+        Ok(())
+    }
+
+    fn tick(&mut self, t: &Tick<'_>) -> anyhow::Result<()> {
+        if t.now_ns >= self.next_draw_ns {
+            // Interval from the plan; the pipeline ticks every second.
+            self.next_draw_ns = t.now_ns + self.plan.every.as_nanos() as u64 - 50_000_000;
+            self.draw(t);
+        }
+        Ok(())
+    }
+
+    fn shutdown(self: Box<Self>, _: &Tick<'_>) -> anyhow::Result<()> {
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -198,7 +260,7 @@ mod tests {
             path: "/v1/chat/completions".into(),
             status: Some(200),
             operation: Some("chat"),
-            provider: Some("vllm"),
+            provider: Some("vllm".into()),
             request_model: Some("m".into()),
             response_model: None,
             stream: true,
@@ -214,7 +276,6 @@ mod tests {
             ttft_reasoning_s: None,
             ttft_answer_s: None,
             t0_ns: t0_s * 1_000_000_000,
-            chunk_gaps_s: vec![],
         }
     }
 

@@ -1,8 +1,10 @@
 //! tokentap: measures LLM inference services from the kernel.
 //!
-//! Stages (see docs/architecture.md): `capture` (kernel → typed socket
-//! events) and `replay` (capture file → the same events) feed everything
-//! downstream through [`source::EventSource`].
+//! One pipeline (see [`pipeline`] and docs/architecture.md): a source
+//! (`capture`, live kernel capture; or `capfile`, a capture file) yields
+//! typed socket events through [`source::EventSource`]; `decode` turns them
+//! into [`record::RequestRecord`]s; enrichers add identity; sinks (request
+//! log, console, OTLP metrics) write them out.
 
 pub mod capfile;
 pub mod capture;
@@ -11,5 +13,6 @@ pub mod decode;
 pub mod discover;
 pub mod event;
 pub mod metrics;
-pub mod requests;
+pub mod pipeline;
+pub mod record;
 pub mod source;

@@ -9,9 +9,9 @@
 //! retries) or put unbounded values into attributes.
 
 use std::{
-    collections::HashSet,
+    collections::{HashMap, HashSet},
     sync::{
-        atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering},
+        atomic::{AtomicBool, Ordering},
         Arc,
     },
     time::Duration,
@@ -32,7 +32,10 @@ use opentelemetry_sdk::{
     Resource,
 };
 
-use crate::requests::RequestRecord;
+use crate::{
+    pipeline::{health::Health, Sink, Tick},
+    record::{Finished, RequestRecord},
+};
 
 /// GenAI semantic conventions' explicit bucket boundaries.
 pub const TTFT_BUCKETS: [f64; 16] = [
@@ -78,17 +81,6 @@ pub struct MetricsConfig {
     pub exponential: bool,
     /// Distinct model names kept as attribute values; the rest are "other".
     pub max_models: usize,
-}
-
-/// The agent's health, written by the capture loop, read at each export.
-#[derive(Default)]
-pub struct Health {
-    pub events: AtomicU64,
-    pub dropped: AtomicU64,
-    pub decode_errors: AtomicU64,
-    pub connections: AtomicI64,
-    pub in_flight: AtomicI64,
-    pub export_failures: AtomicU64,
 }
 
 /// Wraps the OTLP exporter to count failures and report them once per
@@ -142,8 +134,7 @@ pub struct Metrics {
     chunk: Histogram<f64>,
     tokens: Histogram<u64>,
     requests: Counter<u64>,
-    models: Capped,
-    pub health: Arc<Health>,
+    attrs: AttributeMap,
 }
 
 /// An attribute with unbounded values (model names, later tenants): the
@@ -151,6 +142,8 @@ pub struct Metrics {
 pub struct Capped {
     seen: HashSet<String>,
     max: usize,
+    /// Values folded into "other" (each time one is).
+    pub overflow: u64,
 }
 
 impl Capped {
@@ -158,12 +151,13 @@ impl Capped {
         Self {
             seen: HashSet::new(),
             max,
+            overflow: 0,
         }
     }
 
     pub fn get(&mut self, v: Option<&str>) -> String {
         let Some(v) = v else {
-            return "unknown".to_string();
+            return UNKNOWN.to_string();
         };
         if self.seen.contains(v) {
             return v.to_string();
@@ -172,7 +166,76 @@ impl Capped {
             self.seen.insert(v.to_string());
             return v.to_string();
         }
-        "other".to_string()
+        self.overflow += 1;
+        OTHER.to_string()
+    }
+}
+
+/// The value of an attribute the record does not know (never omitted:
+/// `gen_ai.provider.name` is required by the conventions).
+pub const UNKNOWN: &str = "unknown";
+/// The value unbounded attributes overflow into.
+pub const OTHER: &str = "other";
+
+/// Which cap an attribute's values count against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CapKey {
+    Model,
+}
+
+/// The one mapping from a record to metric attributes, with a
+/// cardinality cap per unbounded key.
+pub struct AttributeMap {
+    caps: HashMap<CapKey, Capped>,
+    health: Arc<Health>,
+}
+
+impl AttributeMap {
+    pub fn new(max_models: usize, health: Arc<Health>) -> Self {
+        Self {
+            caps: [(CapKey::Model, Capped::new(max_models))].into(),
+            health,
+        }
+    }
+
+    fn capped(&mut self, key: CapKey, v: Option<&str>) -> String {
+        let c = self.caps.get_mut(&key).expect("every CapKey has a cap");
+        let before = c.overflow;
+        let out = c.get(v);
+        if c.overflow > before {
+            self.health
+                .attribute_overflow
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        out
+    }
+
+    /// Attributes of every request instrument; `error.type` is added when
+    /// the request failed (on every instrument, TTFT and TPOT included).
+    pub fn of(&mut self, r: &RequestRecord) -> Vec<KeyValue> {
+        let mut attrs = vec![
+            KeyValue::new("gen_ai.operation.name", r.operation.unwrap_or(UNKNOWN)),
+            KeyValue::new(
+                "gen_ai.provider.name",
+                r.provider.clone().unwrap_or_else(|| UNKNOWN.to_string()),
+            ),
+            KeyValue::new(
+                "gen_ai.request.model",
+                self.capped(CapKey::Model, r.request_model.as_deref()),
+            ),
+            KeyValue::new(
+                "gen_ai.response.model",
+                self.capped(CapKey::Model, r.response_model.as_deref()),
+            ),
+            KeyValue::new("tokentap.stream", r.stream),
+        ];
+        if let Some(p) = r.server_port {
+            attrs.push(KeyValue::new("server.port", p as i64));
+        }
+        if let Some(e) = &r.error_type {
+            attrs.push(KeyValue::new("error.type", e.clone()));
+        }
+        attrs
     }
 }
 
@@ -194,7 +257,7 @@ fn http_url(endpoint: &str) -> String {
 
 impl Metrics {
     /// Builds the exporter and instruments. Needs a tokio runtime for gRPC.
-    pub fn new(cfg: &MetricsConfig) -> Result<Self> {
+    pub fn new(cfg: &MetricsConfig, health: Arc<Health>) -> Result<Self> {
         if let Some(e) = &cfg.endpoint {
             if !(e.starts_with("http://") || e.starts_with("https://")) {
                 bail!("--otlp-endpoint must be an http:// or https:// URL, got {e:?}");
@@ -226,7 +289,6 @@ impl Metrics {
                 b.build().context("building the OTLP/HTTP exporter")?
             }
         };
-        let health = Arc::new(Health::default());
         let counted = Counted {
             inner: exporter,
             health: health.clone(),
@@ -297,7 +359,7 @@ impl Metrics {
             &DURATION_BUCKETS,
         );
         let chunk = h(
-            "gen_ai.server.time_per_output_chunk",
+            "tokentap.server.time_per_output_chunk",
             "s",
             "Gap between consecutive writes carrying generated content",
             &DURATION_BUCKETS,
@@ -343,6 +405,18 @@ impl Metrics {
             |h| h.decode_errors.load(Ordering::Relaxed),
         );
         let _ = obs_u64(
+            "tokentap.decode.unsupported_protocol",
+            "{connection}",
+            "Connections speaking a protocol the decoder does not follow (HTTP/2, protocol upgrades)",
+            |h| h.unsupported_protocol.load(Ordering::Relaxed),
+        );
+        let _ = obs_u64(
+            "tokentap.metrics.attribute_overflow",
+            "{value}",
+            "Attribute values exported as \"other\" by a cardinality cap (--max-models)",
+            |h| h.attribute_overflow.load(Ordering::Relaxed),
+        );
+        let _ = obs_u64(
             "tokentap.export.failures",
             "{export}",
             "OTLP exports that failed",
@@ -369,44 +443,25 @@ impl Metrics {
             chunk,
             tokens,
             requests,
-            models: Capped::new(cfg.max_models),
-            health,
+            attrs: AttributeMap::new(cfg.max_models, health),
         })
     }
 
-    pub fn record(&mut self, r: &RequestRecord) {
-        let mut attrs = vec![
-            KeyValue::new("gen_ai.operation.name", r.operation.unwrap_or("unknown")),
-            KeyValue::new("gen_ai.provider.name", r.provider.unwrap_or("unknown")),
-            KeyValue::new(
-                "gen_ai.request.model",
-                self.models.get(r.request_model.as_deref()),
-            ),
-            KeyValue::new(
-                "gen_ai.response.model",
-                self.models.get(r.response_model.as_deref()),
-            ),
-            KeyValue::new("tokentap.stream", r.stream),
-        ];
-        if let Some(p) = r.server_port {
-            attrs.push(KeyValue::new("server.port", p as i64));
-        }
-        let ok_attrs = attrs.clone();
-        if let Some(e) = &r.error_type {
-            attrs.push(KeyValue::new("error.type", e.clone()));
-        }
+    pub fn record(&mut self, f: &Finished) {
+        let r = &f.record;
+        let attrs = self.attrs.of(r);
         self.requests.add(1, &attrs);
         if let Some(d) = r.duration_s {
             self.duration.record(d, &attrs);
         }
         if let Some(v) = r.ttft_s {
-            self.ttft.record(v, &ok_attrs);
+            self.ttft.record(v, &attrs);
         }
         if let Some(v) = r.tpot_s {
-            self.tpot.record(v, &ok_attrs);
+            self.tpot.record(v, &attrs);
         }
-        for g in &r.chunk_gaps_s {
-            self.chunk.record(*g, &ok_attrs);
+        for g in &f.chunk_gaps_s {
+            self.chunk.record(*g, &attrs);
         }
         for (kind, n) in [("input", r.input_tokens), ("output", r.output_tokens)] {
             if let Some(n) = n {
@@ -422,6 +477,27 @@ impl Metrics {
         if let Err(e) = self.provider.shutdown() {
             eprintln!("tokentap: final OTLP export did not complete: {e}");
         }
+    }
+}
+
+impl Sink for Metrics {
+    fn record(&mut self, f: &Finished) -> Result<()> {
+        Metrics::record(self, f);
+        Ok(())
+    }
+
+    /// The SDK's periodic reader exports on its own thread; health is read
+    /// by the observable instruments' callbacks.
+    fn tick(&mut self, _: &Tick<'_>) -> Result<()> {
+        Ok(())
+    }
+
+    fn shutdown(self: Box<Self>, _: &Tick<'_>) -> Result<()> {
+        // Blocking final export, off the async workers (the gRPC client
+        // needs them to make progress meanwhile).
+        let m = *self;
+        tokio::task::block_in_place(move || m.shutdown());
+        Ok(())
     }
 }
 

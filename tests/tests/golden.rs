@@ -40,7 +40,7 @@ fn check(name: &str, t: &Transcript) -> Vec<String> {
         return problems;
     }
     for (i, (r, want)) in recs.iter().zip(&t.expect).enumerate() {
-        let got = serde_json::to_value(r).unwrap();
+        let got = serde_json::to_value(&r.record).unwrap();
         let (g, w) = (got.as_object().unwrap(), want.as_object().unwrap());
         let mut keys: Vec<&String> = g.keys().chain(w.keys()).collect();
         keys.sort();

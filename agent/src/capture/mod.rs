@@ -289,7 +289,7 @@ impl Capture {
         let mut pids = opts.pids.clone();
         if pids.is_empty() && !opts.ports.is_empty() {
             pids = procfs::pids_listening_on(&opts.proc_root, &opts.ports);
-            if pids.is_empty() {
+            if pids.is_empty() && !opts.allow_no_targets {
                 bail!("no process is listening on port(s) {:?}", opts.ports);
             }
         }

@@ -10,6 +10,7 @@
 
 pub mod chunked;
 pub mod engines;
+pub mod exchange;
 pub mod stream;
 
 use std::collections::{HashMap, VecDeque};
@@ -19,11 +20,12 @@ use serde::Serialize;
 use self::{
     chunked::Chunked,
     engines::{interpret, provider_from_server_header, request_info, Format},
+    exchange::Exchange,
     stream::{Ndjson, Sse},
 };
 use crate::{
     event::{DataEvent, Dir, Role, SocketEvent},
-    requests::{Exchange, RequestRecord},
+    record::Finished,
 };
 
 /// A request or response head larger than this is garbage.
@@ -50,6 +52,9 @@ pub struct DecodeStats {
     /// Calls that arrived shorter than they were (capture truncated).
     pub truncated_calls: u64,
     pub connections: u64,
+    /// Connections speaking a protocol this decoder does not follow
+    /// (HTTP/2 preface, a `101 Switching Protocols` upgrade).
+    pub unsupported_protocol: u64,
 }
 
 enum Framing {
@@ -253,7 +258,7 @@ impl Decoder {
         self.conns.values().map(|c| c.queue.len()).sum()
     }
 
-    pub fn on_event(&mut self, ev: &SocketEvent, out: &mut Vec<RequestRecord>) {
+    pub fn on_event(&mut self, ev: &SocketEvent, out: &mut Vec<Finished>) {
         self.stats.events += 1;
         match ev {
             SocketEvent::Open(o) => {
@@ -282,7 +287,7 @@ impl Decoder {
 
     /// End of input (replay finished): requests still in flight end as
     /// `truncated_capture`.
-    pub fn finish(&mut self, out: &mut Vec<RequestRecord>) {
+    pub fn finish(&mut self, out: &mut Vec<Finished>) {
         let mut keys: Vec<_> = self.conns.keys().copied().collect();
         keys.sort_unstable();
         for k in keys {
@@ -301,13 +306,13 @@ impl Decoder {
         }
     }
 
-    fn emit(&mut self, r: RequestRecord, out: &mut Vec<RequestRecord>) {
+    fn emit(&mut self, r: Finished, out: &mut Vec<Finished>) {
         self.stats.records += 1;
         out.push(r);
     }
 
     /// The connection was closed by the traced process.
-    fn close(&mut self, mut conn: Conn, ts: u64, out: &mut Vec<RequestRecord>) {
+    fn close(&mut self, mut conn: Conn, ts: u64, out: &mut Vec<Finished>) {
         // A body delimited by the close is complete now.
         if let RespState::Body {
             framing: Framing::UntilClose,
@@ -326,14 +331,14 @@ impl Decoder {
         }
     }
 
-    fn abandon(&mut self, mut conn: Conn, ts: u64, out: &mut Vec<RequestRecord>) {
+    fn abandon(&mut self, mut conn: Conn, ts: u64, out: &mut Vec<Finished>) {
         while let Some(x) = conn.queue.pop_front() {
             let end = x.last_response_byte_ns.unwrap_or(ts);
             self.emit(x.finish(end, Some("truncated_capture")), out);
         }
     }
 
-    fn on_data(&mut self, d: &DataEvent, out: &mut Vec<RequestRecord>) {
+    fn on_data(&mut self, d: &DataEvent, out: &mut Vec<Finished>) {
         // The map is moved out for the call (a pointer swap) so the
         // connection can be borrowed next to the rest of `self`.
         let mut conns = std::mem::take(&mut self.conns);
@@ -346,7 +351,7 @@ impl Decoder {
         self.conns = conns;
     }
 
-    fn on_data_conn(&mut self, conn: &mut Conn, d: &DataEvent, out: &mut Vec<RequestRecord>) {
+    fn on_data_conn(&mut self, conn: &mut Conn, d: &DataEvent, out: &mut Vec<Finished>) {
         let is_request = d.dir == conn.request_dir();
         if d.ret < 0 || (d.ret == 0 && d.dir == Dir::In) {
             // A failed write or read, or end of file on a read: the peer is
@@ -419,7 +424,7 @@ impl Decoder {
         conn.heads.clear();
     }
 
-    fn desync(&mut self, conn: &mut Conn, ts: u64, why: &str, out: &mut Vec<RequestRecord>) {
+    fn desync(&mut self, conn: &mut Conn, ts: u64, why: &str, out: &mut Vec<Finished>) {
         self.stats.desyncs += 1;
         while let Some(x) = conn.queue.pop_front() {
             let end = x.last_response_byte_ns.unwrap_or(ts);
@@ -435,7 +440,7 @@ impl Decoder {
         conn: &mut Conn,
         ts: u64,
         mut data: &[u8],
-        out: &mut Vec<RequestRecord>,
+        out: &mut Vec<Finished>,
     ) -> bool {
         while !data.is_empty() {
             match &mut conn.req {
@@ -595,7 +600,7 @@ impl Decoder {
         conn: &mut Conn,
         ts: u64,
         mut data: &[u8],
-        out: &mut Vec<RequestRecord>,
+        out: &mut Vec<Finished>,
     ) -> bool {
         if let Some(x) = conn.queue.front_mut() {
             x.last_response_byte_ns = Some(ts);
@@ -743,7 +748,7 @@ impl Decoder {
     }
 
     /// The front exchange's response is complete at `ts`.
-    fn end_response(&mut self, conn: &mut Conn, ts: u64, out: &mut Vec<RequestRecord>) {
+    fn end_response(&mut self, conn: &mut Conn, ts: u64, out: &mut Vec<Finished>) {
         let state = std::mem::replace(&mut conn.resp, RespState::Head { buf: Vec::new() });
         let Some(mut x) = conn.queue.pop_front() else {
             return;

@@ -1,102 +1,10 @@
-//! Request lifecycle → one [`RequestRecord`] per request: the arithmetic
-//! of the metric definitions (docs/metrics.md). Pure: every time comes from
-//! event timestamps handed in by `decode`; nothing here reads a clock.
+//! A request in flight (`Exchange`) and the arithmetic that turns its
+//! timestamps into a [`RequestRecord`] (docs/metrics.md). Pure: every time
+//! comes from event timestamps handed in by the decoder; nothing here reads
+//! a clock.
 
-use std::time::{Duration, UNIX_EPOCH};
-
-use serde::Serialize;
-
-use crate::decode::engines::{estimate_tokens, Content, EventInfo, Format, RequestInfo};
-
-/// One finished request: the request log's line (keys are a contract).
-/// `None` serialises as `null` and means unknown / not applicable.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct RequestRecord {
-    /// RFC 3339 UTC time of t0 (the first request byte read).
-    pub ts: String,
-    pub pid: u32,
-    pub server_port: Option<u16>,
-    pub client: Option<String>,
-    pub method: String,
-    pub path: String,
-    pub status: Option<u16>,
-    pub operation: Option<&'static str>,
-    pub provider: Option<&'static str>,
-    pub request_model: Option<String>,
-    pub response_model: Option<String>,
-    pub stream: bool,
-    pub ttft_s: Option<f64>,
-    pub tpot_s: Option<f64>,
-    pub duration_s: Option<f64>,
-    /// Content-bearing stream events (streams only).
-    pub chunks: Option<u64>,
-    pub input_tokens: Option<u64>,
-    pub output_tokens: Option<u64>,
-    /// Both token counts came from the server's own report.
-    pub tokens_exact: bool,
-    pub finish_reason: Option<String>,
-    pub error_type: Option<String>,
-    /// Time to the first reasoning token, when reasoning preceded answer
-    /// content (then `ttft_s` is the same instant, and `ttft_answer_s` says
-    /// when the answer began).
-    pub ttft_reasoning_s: Option<f64>,
-    /// Time to the first non-reasoning content (answer or tool call).
-    pub ttft_answer_s: Option<f64>,
-    /// Nanosecond t0, for joins and replays.
-    pub t0_ns: u64,
-    /// Gaps between consecutive content-bearing writes, in seconds (for
-    /// the metrics stage; not written to the request log).
-    #[serde(skip)]
-    pub chunk_gaps_s: Vec<f64>,
-}
-
-/// Writes the request log: JSON Lines, one [`RequestRecord`] per line.
-/// It holds no prompt or completion text, only metadata and numbers.
-pub struct RequestLog {
-    out: std::io::BufWriter<Box<dyn std::io::Write + Send>>,
-    pub records: u64,
-}
-
-impl RequestLog {
-    /// `-` writes to stdout; a path is appended to (a log survives restarts).
-    pub fn create(path: &std::path::Path) -> anyhow::Result<Self> {
-        use anyhow::Context as _;
-        let sink: Box<dyn std::io::Write + Send> = if path.as_os_str() == "-" {
-            Box::new(std::io::stdout())
-        } else {
-            Box::new(
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(path)
-                    .with_context(|| format!("cannot open request log {}", path.display()))?,
-            )
-        };
-        Ok(Self {
-            out: std::io::BufWriter::new(sink),
-            records: 0,
-        })
-    }
-
-    pub fn write(&mut self, r: &RequestRecord) -> anyhow::Result<()> {
-        use std::io::Write as _;
-        serde_json::to_writer(&mut self.out, r)?;
-        self.out.write_all(b"\n")?;
-        self.records += 1;
-        Ok(())
-    }
-
-    pub fn flush(&mut self) -> anyhow::Result<()> {
-        use std::io::Write as _;
-        self.out.flush()?;
-        Ok(())
-    }
-}
-
-/// RFC 3339 UTC with microseconds.
-pub fn rfc3339(ns: u64) -> String {
-    humantime::format_rfc3339_micros(UNIX_EPOCH + Duration::from_nanos(ns)).to_string()
-}
+use super::engines::{estimate_tokens, Content, EventInfo, Format, RequestInfo};
+use crate::record::{rfc3339, Finished, RequestRecord};
 
 fn secs(ns: u64) -> f64 {
     ns as f64 / 1e9
@@ -241,7 +149,7 @@ impl Exchange {
 
     /// Finish the request. `end_ns`: when it ended (last byte, or the
     /// disconnect); `error`: why it failed, if the transport says so.
-    pub fn finish(self, end_ns: u64, error: Option<&str>) -> RequestRecord {
+    pub fn finish(self, end_ns: u64, error: Option<&str>) -> Finished {
         let error_type = match (self.status, error) {
             (_, Some(e)) => Some(e.to_string()),
             (Some(429), None) => Some("http_429".to_string()),
@@ -250,7 +158,6 @@ impl Exchange {
             _ if self.stream_error => Some("stream_error".to_string()),
             _ => None,
         };
-        let ok = error_type.is_none() && self.status.is_some_and(|s| (200..300).contains(&s));
         let since_t0 = |ns: u64| secs(ns.saturating_sub(self.t0_ns));
         let exact_out = self.output_tokens;
         let out_tokens = match self.format {
@@ -267,7 +174,11 @@ impl Exchange {
         });
         let tokens_exact = self.input_tokens.is_some()
             && (exact_out.is_some() || self.format == Format::OpenAiEmbeddings);
-        let ttft_s = if self.stream && ok {
+        // TTFT and TPOT are kept whatever happened after the first content
+        // (a client that gave up, a reset, an error event): the outcome is
+        // in `error_type`; dropping them would hide the slow requests users
+        // abandon (survivorship bias).
+        let ttft_s = if self.stream {
             self.first_content_ns.map(since_t0)
         } else {
             None
@@ -278,14 +189,14 @@ impl Exchange {
             self.last_content_ns,
             out_tokens,
         ) {
-            (true, Some(t1), Some(tn), Some(n)) if n > 1 && ok => {
+            (true, Some(t1), Some(tn), Some(n)) if n > 1 => {
                 Some(secs(tn.saturating_sub(t1)) / (n - 1) as f64)
             }
             _ => None,
         };
         let reasoning_first = matches!((self.first_reasoning_ns, self.first_answer_ns), (Some(r), a) if a.is_none_or(|a| r < a));
         let last = self.last_response_byte_ns.unwrap_or(end_ns);
-        RequestRecord {
+        let record = RequestRecord {
             ts: rfc3339(self.t0_ns),
             pid: self.pid,
             server_port: self.server_port,
@@ -294,7 +205,7 @@ impl Exchange {
             path: self.path,
             status: self.status,
             operation: self.format.operation(),
-            provider: self.provider,
+            provider: self.provider.map(str::to_string),
             request_model: self.request.model,
             response_model: self.response_model,
             stream: self.stream,
@@ -318,6 +229,9 @@ impl Exchange {
                 None
             },
             t0_ns: self.t0_ns,
+        };
+        Finished {
+            record,
             chunk_gaps_s: self.gaps,
         }
     }
@@ -326,14 +240,6 @@ impl Exchange {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn rfc3339_is_utc_with_micros() {
-        assert_eq!(
-            rfc3339(1_700_000_000_123_456_789),
-            "2023-11-14T22:13:20.123456Z"
-        );
-    }
 
     fn content(c: Content) -> EventInfo<'static> {
         EventInfo {
@@ -369,25 +275,43 @@ mod tests {
             },
         );
         x.last_response_byte_ns = Some(1_310_000_000);
-        let r = x.finish(1_310_000_000, None);
+        let f = x.finish(1_310_000_000, None);
+        let r = &f.record;
         assert!((r.ttft_s.unwrap() - 0.2).abs() < 1e-9);
         assert!((r.tpot_s.unwrap() - 0.05 / 4.0).abs() < 1e-9);
         assert!((r.duration_s.unwrap() - 0.31).abs() < 1e-9);
         assert_eq!(r.chunks, Some(3));
-        assert_eq!(r.chunk_gaps_s.len(), 1);
+        assert_eq!(f.chunk_gaps_s.len(), 1);
         assert!(r.tokens_exact);
         assert_eq!(r.error_type, None);
     }
 
     #[test]
-    fn failures_have_no_ttft_and_unknown_tokens_are_null_not_zero() {
+    fn failures_before_any_content_have_no_ttft_and_unknown_tokens_are_null_not_zero() {
         let mut x = Exchange::new(1, 1, None, None, "POST", "/v1/chat/completions", 0);
         x.status = Some(429);
-        let r = x.finish(10, None);
+        let r = x.finish(10, None).record;
         assert_eq!(r.error_type.as_deref(), Some("http_429"));
         assert_eq!(r.ttft_s, None);
         assert_eq!(r.output_tokens, None);
         assert_eq!(r.input_tokens, None);
         assert!(!r.tokens_exact);
+    }
+
+    #[test]
+    fn a_stream_that_fails_after_its_first_tokens_keeps_ttft_and_tpot() {
+        let mut x = Exchange::new(1, 1, None, None, "POST", "/v1/chat/completions", 0);
+        x.status = Some(200);
+        x.stream = true;
+        x.on_stream_event(100, content(Content::Answer));
+        x.on_stream_event(300, content(Content::Answer));
+        x.on_stream_event(500, content(Content::Answer));
+        x.last_response_byte_ns = Some(500);
+        let r = x.finish(600, Some("client_disconnect")).record;
+        assert_eq!(r.error_type.as_deref(), Some("client_disconnect"));
+        assert_eq!(r.ttft_s, Some(100e-9));
+        assert_eq!(r.tpot_s, Some(200e-9));
+        assert_eq!(r.ttft_answer_s, Some(100e-9));
+        assert_eq!(r.output_tokens, Some(3));
     }
 }

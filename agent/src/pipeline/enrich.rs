@@ -1,0 +1,82 @@
+//! Enrichers: identity added to a finished record from what the agent
+//! knows about the process that served it ([`NodeState`]). Today: the
+//! engine named by the process's command line. Container/pod, model
+//! version, tenant and GPU joins are further enrichers.
+//!
+//! Owns: the rules for filling identity fields. Must not: change timing or
+//! token fields (those are the decoder's arithmetic).
+
+use super::NodeState;
+use crate::record::RequestRecord;
+
+pub trait Enricher {
+    fn enrich(&mut self, r: &mut RequestRecord, node: &NodeState);
+}
+
+/// `provider` (gen_ai.provider.name) from the serving process's command
+/// line, when the wire did not already say (an API only one engine speaks,
+/// or a `Server` header naming the engine).
+pub struct EngineName;
+
+impl Enricher for EngineName {
+    fn enrich(&mut self, r: &mut RequestRecord, node: &NodeState) {
+        if r.provider.is_none() {
+            r.provider = node.processes.get(&r.pid).and_then(|p| p.engine.clone());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pipeline::ProcessInfo;
+
+    fn rec(pid: u32, provider: Option<&str>) -> RequestRecord {
+        RequestRecord {
+            ts: String::new(),
+            pid,
+            server_port: None,
+            client: None,
+            method: "POST".into(),
+            path: "/v1/chat/completions".into(),
+            status: Some(200),
+            operation: Some("chat"),
+            provider: provider.map(str::to_string),
+            request_model: None,
+            response_model: None,
+            stream: true,
+            ttft_s: None,
+            tpot_s: None,
+            duration_s: None,
+            chunks: None,
+            input_tokens: None,
+            output_tokens: None,
+            tokens_exact: false,
+            finish_reason: None,
+            error_type: None,
+            ttft_reasoning_s: None,
+            ttft_answer_s: None,
+            t0_ns: 0,
+        }
+    }
+
+    #[test]
+    fn the_processs_engine_fills_an_unknown_provider_only() {
+        let mut node = NodeState::default();
+        node.processes.insert(
+            7,
+            ProcessInfo {
+                engine: Some("vllm".into()),
+            },
+        );
+        let mut r = rec(7, None);
+        EngineName.enrich(&mut r, &node);
+        assert_eq!(r.provider.as_deref(), Some("vllm"));
+        let mut r = rec(7, Some("tgi"));
+        EngineName.enrich(&mut r, &node);
+        assert_eq!(r.provider.as_deref(), Some("tgi"), "the wire said so");
+        let mut r = rec(8, None);
+        EngineName.enrich(&mut r, &node);
+        assert_eq!(r.provider, None, "unknown process");
+    }
+}

@@ -1,0 +1,93 @@
+//! The agent's own health, owned by the pipeline: capture and decode
+//! counters published at every tick, plus counters the sinks bump (export
+//! failures, attribute overflow). The metrics sink reads them when the SDK
+//! collects; the console shows them.
+//!
+//! Owns: the counters. Must not: know who exports them.
+
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+
+use serde::Serialize;
+
+use crate::{capture::CaptureStats, decode::DecodeStats};
+
+#[derive(Default, Debug)]
+pub struct Health {
+    /// Socket events captured (or replayed).
+    pub events: AtomicU64,
+    /// Kernel records dropped (ring buffer full).
+    pub dropped: AtomicU64,
+    /// Connections whose bytes stopped making sense as HTTP.
+    pub decode_errors: AtomicU64,
+    /// Connections speaking a protocol the decoder does not follow (HTTP/2,
+    /// a `101 Switching Protocols` upgrade).
+    pub unsupported_protocol: AtomicU64,
+    pub connections: AtomicI64,
+    pub in_flight: AtomicI64,
+    /// OTLP exports that failed (bumped by the metrics sink's exporter).
+    pub export_failures: AtomicU64,
+    /// Attribute values folded into `other` by a cardinality cap.
+    pub attribute_overflow: AtomicU64,
+}
+
+/// A plain copy of [`Health`] (for the console and the shutdown line).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct HealthSnapshot {
+    pub events: u64,
+    pub dropped: u64,
+    pub decode_errors: u64,
+    pub unsupported_protocol: u64,
+    pub connections: i64,
+    pub in_flight: i64,
+    pub export_failures: u64,
+    pub attribute_overflow: u64,
+}
+
+impl Health {
+    /// Publishes what capture and decoding report now.
+    pub fn publish(&self, capture: Option<&CaptureStats>, decode: &DecodeStats, in_flight: usize) {
+        match capture {
+            Some(st) => {
+                self.events.store(st.events, Relaxed);
+                self.dropped.store(st.records_dropped, Relaxed);
+                self.connections.store(st.conns_active as i64, Relaxed);
+            }
+            // Replay: events are what the decoder saw.
+            None => self.events.store(decode.events, Relaxed),
+        }
+        self.decode_errors.store(decode.desyncs, Relaxed);
+        self.unsupported_protocol
+            .store(decode.unsupported_protocol, Relaxed);
+        self.in_flight.store(in_flight as i64, Relaxed);
+    }
+
+    pub fn snapshot(&self) -> HealthSnapshot {
+        HealthSnapshot {
+            events: self.events.load(Relaxed),
+            dropped: self.dropped.load(Relaxed),
+            decode_errors: self.decode_errors.load(Relaxed),
+            unsupported_protocol: self.unsupported_protocol.load(Relaxed),
+            connections: self.connections.load(Relaxed),
+            in_flight: self.in_flight.load(Relaxed),
+            export_failures: self.export_failures.load(Relaxed),
+            attribute_overflow: self.attribute_overflow.load(Relaxed),
+        }
+    }
+}
+
+impl HealthSnapshot {
+    /// One line for the console's footer.
+    pub fn line(&self) -> String {
+        let mut s = format!(
+            "events {} dropped {} conns {} decode errors {}",
+            self.events, self.dropped, self.connections, self.decode_errors
+        );
+        if self.unsupported_protocol > 0 {
+            s += &format!(" unsupported protocol {}", self.unsupported_protocol);
+        }
+        if self.export_failures > 0 {
+            s += &format!(" export failures {}", self.export_failures);
+        }
+        s
+    }
+}

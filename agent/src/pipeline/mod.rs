@@ -1,0 +1,210 @@
+//! The agent's one data path: **source → decoder → enrichers → sinks**,
+//! plus periodic tasks. `tokentap run` and `tokentap replay` build the same
+//! [`Pipeline`]; only the source differs (live kernel capture or a capture
+//! file).
+//!
+//! ```text
+//!  EventSource ──SocketEvent──▶ Decoder ──Finished──▶ Enrichers ──▶ Sinks
+//!  (capture | capfile)                    (identity)     (request log,
+//!        ▲                                    ▲           console, OTLP)
+//!        └──── Tasks (targeting, …) ──▶ NodeState ───────┘   ▲ Health
+//! ```
+//!
+//! A new capability is a new [`Enricher`] (identity on a finished record),
+//! [`Task`] (periodic work: finding engines, sampling GPUs) or [`Sink`]
+//! (an output), registered where the pipeline is built ([`run`]) — not a
+//! new branch in `main.rs`.
+//!
+//! Owns: the fan-out to sinks, the order of stages, health publication,
+//! the shutdown sequence. Must not: parse bytes (decode) or know a sink's
+//! format.
+
+pub mod enrich;
+pub mod health;
+pub mod plan;
+pub mod run;
+pub mod targets;
+
+use std::{collections::HashMap, sync::Arc, time::Duration};
+
+use anyhow::Result;
+
+use self::{enrich::Enricher, health::Health};
+use crate::{
+    capture::{Capture, CaptureStats},
+    decode::Decoder,
+    event::SocketEvent,
+    record::Finished,
+};
+
+pub use self::plan::{resolve, RunPlan};
+
+/// An output of finished requests (and of periodic state).
+pub trait Sink {
+    /// One finished, enriched request.
+    fn record(&mut self, f: &Finished) -> Result<()>;
+    /// Periodic work: flush, redraw, publish. Called once per pipeline tick.
+    fn tick(&mut self, t: &Tick<'_>) -> Result<()>;
+    /// Last chance to flush or export; called once, after the last record.
+    fn shutdown(self: Box<Self>, t: &Tick<'_>) -> Result<()>;
+}
+
+/// What a sink sees at a tick.
+pub struct Tick<'a> {
+    /// Wall-clock nanoseconds now.
+    pub now_ns: u64,
+    pub health: &'a health::HealthSnapshot,
+}
+
+/// What the agent knows about processes on this node, written by tasks
+/// (targeting today; container, GPU and model identity next) and read by
+/// enrichers.
+#[derive(Default, Debug)]
+pub struct NodeState {
+    pub processes: HashMap<u32, ProcessInfo>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProcessInfo {
+    /// The engine its command line names (gen_ai.provider.name).
+    pub engine: Option<String>,
+}
+
+/// Periodic work beside the data path (finding engines, sampling GPUs).
+pub trait Task {
+    /// Runs once per pipeline tick. `capture` is the live capture (None when
+    /// replaying); events it produces (e.g. seeded connections of a new
+    /// target) go into `events`.
+    fn tick(
+        &mut self,
+        capture: Option<&mut Capture>,
+        node: &mut NodeState,
+        events: &mut Vec<SocketEvent>,
+    ) -> Result<()>;
+}
+
+/// Decoder, enrichers and sinks, fed one batch of events at a time.
+pub struct Pipeline {
+    decoder: Decoder,
+    enrichers: Vec<Box<dyn Enricher>>,
+    sinks: Vec<Box<dyn Sink>>,
+    pub node: NodeState,
+    pub health: Arc<Health>,
+    finished: Vec<Finished>,
+}
+
+impl Pipeline {
+    pub fn new(health: Arc<Health>) -> Self {
+        Self {
+            decoder: Decoder::new(),
+            enrichers: Vec::new(),
+            sinks: Vec::new(),
+            node: NodeState::default(),
+            health,
+            finished: Vec::new(),
+        }
+    }
+
+    pub fn enricher(mut self, e: impl Enricher + 'static) -> Self {
+        self.enrichers.push(Box::new(e));
+        self
+    }
+
+    pub fn sink(mut self, s: Box<dyn Sink>) -> Self {
+        self.sinks.push(s);
+        self
+    }
+
+    pub fn decoder(&self) -> &Decoder {
+        &self.decoder
+    }
+
+    /// Decodes `events` (drained) and hands every finished request to the
+    /// enrichers, then to every sink.
+    pub fn events(&mut self, events: &mut Vec<SocketEvent>) -> Result<()> {
+        for ev in events.drain(..) {
+            self.decoder.on_event(&ev, &mut self.finished);
+        }
+        self.flush_finished()
+    }
+
+    fn flush_finished(&mut self) -> Result<()> {
+        for mut f in self.finished.drain(..) {
+            for e in &mut self.enrichers {
+                e.enrich(&mut f.record, &self.node);
+            }
+            for s in &mut self.sinks {
+                s.record(&f)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Publishes health and lets every sink do its periodic work.
+    pub fn tick(&mut self, capture: Option<&CaptureStats>) -> Result<()> {
+        self.health
+            .publish(capture, &self.decoder.stats, self.decoder.in_flight());
+        let snap = self.health.snapshot();
+        let t = Tick {
+            now_ns: now_wall_ns(),
+            health: &snap,
+        };
+        for s in &mut self.sinks {
+            s.tick(&t)?;
+        }
+        Ok(())
+    }
+
+    /// End of input (a replay's end): requests still in flight end as
+    /// `truncated_capture`.
+    pub fn end_of_input(&mut self) -> Result<()> {
+        self.decoder.finish(&mut self.finished);
+        self.flush_finished()
+    }
+
+    /// Last tick, then every sink's shutdown (all of them, even when one
+    /// fails; the first error is returned).
+    pub fn shutdown(mut self, capture: Option<&CaptureStats>) -> Result<Summary> {
+        self.health
+            .publish(capture, &self.decoder.stats, self.decoder.in_flight());
+        let snap = self.health.snapshot();
+        let t = Tick {
+            now_ns: now_wall_ns(),
+            health: &snap,
+        };
+        let mut first_err = None;
+        for s in self.sinks.drain(..) {
+            if let Err(e) = s.shutdown(&t) {
+                first_err.get_or_insert(e);
+            }
+        }
+        if let Some(e) = first_err {
+            return Err(e);
+        }
+        Ok(Summary {
+            records: self.decoder.stats.records,
+            in_flight: self.decoder.in_flight(),
+            decode: serde_json::to_string(&self.decoder.stats).unwrap_or_default(),
+            health: snap,
+        })
+    }
+}
+
+/// What a finished pipeline reports.
+pub struct Summary {
+    pub records: u64,
+    /// Requests still in flight when a live run stopped (not recorded).
+    pub in_flight: usize,
+    pub decode: String,
+    pub health: health::HealthSnapshot,
+}
+
+pub fn now_wall_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+/// The pipeline's tick: log flushes, console redraws, health.
+pub const TICK: Duration = Duration::from_secs(1);

@@ -1,0 +1,483 @@
+//! `tokentap run` options → a [`RunPlan`]: what to capture, which sinks to
+//! build and how. Everything that depends on the environment (a terminal on
+//! stdout, `OTEL_*` variables, a TOML config file) is decided here, once,
+//! by [`resolve`], so it is tested without starting anything.
+//!
+//! Owns: the `run` flags (clap), their defaults, the config-file merge, and
+//! the resolution rules. Must not: start capture, open files or sockets.
+
+use std::{path::PathBuf, time::Duration};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+
+use crate::{
+    capture::CaptureOptions,
+    metrics::{MetricsConfig, OtlpProtocol},
+};
+
+#[derive(Args, Clone, Debug, Default)]
+pub struct RunFlags {
+    /// Read options from a TOML file: keys are the long option names
+    /// (`requests-log = "/var/log/tokentap.jsonl"`, `pid = [1234]`,
+    /// `no-console = true`, `otlp-endpoint = "http://collector:4317"`).
+    /// Options given on the command line win; lists are joined.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Capture this inference-server process and the processes it starts
+    /// (repeatable). A launcher (shell wrapper, `uv run`, a supervisor)
+    /// works: its children are followed.
+    #[arg(long = "pid", value_name = "PID")]
+    pub pids: Vec<u32>,
+    /// Only server connections on this local port (repeatable). Without
+    /// --pid, every process listening on it is captured, in any network
+    /// namespace (containers, pods); when nothing listens yet, tokentap
+    /// waits for it, and follows an engine that restarts on the port.
+    #[arg(long = "port", value_name = "PORT")]
+    pub ports: Vec<u16>,
+    /// Append one JSON object per finished request to PATH ("-" for
+    /// stdout; the console then goes to stderr). No prompt or completion
+    /// text is written. Keys: docs/metrics.md.
+    #[arg(long, value_name = "PATH")]
+    pub requests_log: Option<PathBuf>,
+    /// Do not show the console view.
+    #[arg(long)]
+    pub no_console: bool,
+    /// Sliding window of the console view, in seconds.
+    #[arg(long, value_name = "SECS", default_value_t = 60)]
+    pub console_window: u64,
+    /// Seconds between console updates (default: 1 on a terminal, 10 as
+    /// plain lines otherwise).
+    #[arg(long, value_name = "SECS")]
+    pub console_interval: Option<f64>,
+    /// Stop after this many seconds (default: until Ctrl-C / SIGTERM).
+    #[arg(long, value_name = "SECS")]
+    pub duration: Option<f64>,
+    /// Export OTLP metrics to this collector (e.g. http://127.0.0.1:4317
+    /// for gRPC, http://127.0.0.1:4318 for HTTP). Without it, metrics are
+    /// exported only when OTEL_EXPORTER_OTLP_ENDPOINT is set.
+    #[arg(long, value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
+    /// OTLP transport: grpc or http/protobuf (default: OTEL_EXPORTER_OTLP_PROTOCOL, else grpc).
+    #[arg(long, value_name = "PROTO")]
+    pub otlp_protocol: Option<String>,
+    /// Seconds between metric exports.
+    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
+    pub export_interval: f64,
+    /// Export base-2 exponential histograms instead of the semantic
+    /// conventions' explicit buckets.
+    #[arg(long)]
+    pub exponential_histograms: bool,
+    /// Distinct model names used as metric attribute values; later ones
+    /// are exported as "other" (cardinality cap; the overflow is counted in
+    /// tokentap.metrics.attribute_overflow).
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    pub max_models: usize,
+    #[command(flatten)]
+    pub kernel: KernelFlags,
+}
+
+/// Kernel-side capture settings (shared by `run` and `capture`).
+#[derive(Args, Clone, Debug)]
+pub struct KernelFlags {
+    /// Ring buffer between kernel and agent, in bytes (a power of two,
+    /// ≥ 4096). When it is full the kernel drops records and counts them;
+    /// traced processes never wait.
+    #[arg(long, value_name = "BYTES", default_value_t = 16 << 20)]
+    pub ring_buffer_bytes: u32,
+    /// Payload bytes captured per syscall at most (the rest is counted in
+    /// the event's `ret`, not captured). Capped at 1 MiB.
+    #[arg(long, value_name = "BYTES", default_value_t = agent_ebpf::DEFAULT_MAX_CALL_BYTES)]
+    pub max_call_bytes: u32,
+    /// Connections tracked at once at most.
+    #[arg(long, value_name = "N", default_value_t = 65536)]
+    pub max_conns: u32,
+}
+
+impl Default for KernelFlags {
+    fn default() -> Self {
+        Self {
+            ring_buffer_bytes: 16 << 20,
+            max_call_bytes: agent_ebpf::DEFAULT_MAX_CALL_BYTES,
+            max_conns: 65536,
+        }
+    }
+}
+
+impl KernelFlags {
+    /// Capture options for these targets with these kernel settings.
+    pub fn options(&self, pids: &[u32], ports: &[u16]) -> CaptureOptions {
+        CaptureOptions {
+            pids: pids.to_vec(),
+            ports: ports.to_vec(),
+            ring_bytes: self.ring_buffer_bytes,
+            max_call_bytes: self.max_call_bytes,
+            max_conns: self.max_conns,
+            ..CaptureOptions::default()
+        }
+    }
+}
+
+/// Which processes to capture.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Targeting {
+    /// These processes and their descendants (optionally only `ports`).
+    Pids { pids: Vec<u32>, ports: Vec<u16> },
+    /// Whatever listens on these ports, now or later, in any namespace.
+    Ports(Vec<u16>),
+    /// Inference servers found by command line, now or later.
+    Discover,
+}
+
+/// How the console view is shown.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ConsolePlan {
+    /// A redrawn table (stdout is a terminal) or plain `key=value` lines.
+    pub table: bool,
+    /// Lines go to stderr (the request log took stdout).
+    pub to_stderr: bool,
+    pub every: Duration,
+    pub window_s: u64,
+}
+
+/// Everything `run` needs, decided.
+#[derive(Clone, Debug)]
+pub struct RunPlan {
+    pub targeting: Targeting,
+    pub capture: CaptureOptions,
+    pub requests_log: Option<PathBuf>,
+    pub console: Option<ConsolePlan>,
+    pub metrics: Option<MetricsConfig>,
+    pub duration: Option<Duration>,
+}
+
+/// The environment `resolve` reads (a seam for tests).
+pub trait Env {
+    fn var(&self, key: &str) -> Option<String>;
+    fn stdout_is_terminal(&self) -> bool;
+}
+
+/// The real process environment.
+pub struct ProcessEnv;
+
+impl Env for ProcessEnv {
+    fn var(&self, key: &str) -> Option<String> {
+        std::env::var(key).ok()
+    }
+    fn stdout_is_terminal(&self) -> bool {
+        // SAFETY: isatty has no preconditions.
+        unsafe { libc::isatty(1) == 1 }
+    }
+}
+
+fn positive_secs(name: &str, v: f64) -> Result<Duration> {
+    if !v.is_finite() || v <= 0.0 {
+        bail!("--{name} must be a positive number of seconds, got {v}");
+    }
+    Ok(Duration::from_secs_f64(v.max(0.1)))
+}
+
+/// Decides what `run` does from its flags and the environment.
+pub fn resolve(f: &RunFlags, env: &dyn Env) -> Result<RunPlan> {
+    let targeting = match (f.pids.is_empty(), f.ports.is_empty()) {
+        (true, true) => Targeting::Discover,
+        (true, false) => Targeting::Ports(f.ports.clone()),
+        (false, _) => Targeting::Pids {
+            pids: f.pids.clone(),
+            ports: f.ports.clone(),
+        },
+    };
+    let mut capture = f.kernel.options(&f.pids, &f.ports);
+    // Discovery and --port start with nothing to capture and add targets
+    // as engines appear; explicit pids must exist now.
+    capture.allow_no_targets = !matches!(targeting, Targeting::Pids { .. });
+    let log_on_stdout = f
+        .requests_log
+        .as_deref()
+        .is_some_and(|p| p.as_os_str() == "-");
+    let table = env.stdout_is_terminal() && !log_on_stdout;
+    let console = (!f.no_console)
+        .then(|| -> Result<ConsolePlan> {
+            Ok(ConsolePlan {
+                table,
+                to_stderr: log_on_stdout,
+                every: positive_secs(
+                    "console-interval",
+                    f.console_interval.unwrap_or(if table { 1.0 } else { 10.0 }),
+                )?,
+                window_s: f.console_window.max(1),
+            })
+        })
+        .transpose()?;
+    let protocol = match &f.otlp_protocol {
+        Some(p) => p.parse::<OtlpProtocol>().map_err(anyhow::Error::msg)?,
+        None => match env.var("OTEL_EXPORTER_OTLP_PROTOCOL") {
+            Some(p) => p
+                .parse::<OtlpProtocol>()
+                .map_err(|e| anyhow::anyhow!("OTEL_EXPORTER_OTLP_PROTOCOL: {e}"))?,
+            None => OtlpProtocol::Grpc,
+        },
+    };
+    let export = f.otlp_endpoint.is_some() || env.var("OTEL_EXPORTER_OTLP_ENDPOINT").is_some();
+    let metrics = export
+        .then(|| -> Result<MetricsConfig> {
+            Ok(MetricsConfig {
+                endpoint: f.otlp_endpoint.clone(),
+                protocol,
+                interval: positive_secs("export-interval", f.export_interval)?,
+                exponential: f.exponential_histograms,
+                max_models: f.max_models,
+            })
+        })
+        .transpose()?;
+    let duration = f
+        .duration
+        .map(|s| {
+            if s.is_finite() && s >= 0.0 {
+                Ok(Duration::from_secs_f64(s))
+            } else {
+                Err(anyhow::anyhow!(
+                    "--duration must be a number of seconds ≥ 0, got {s}"
+                ))
+            }
+        })
+        .transpose()?;
+    Ok(RunPlan {
+        targeting,
+        capture,
+        requests_log: f.requests_log.clone(),
+        console,
+        metrics,
+        duration,
+    })
+}
+
+/// `tokentap run --config FILE …`: the file's options, as command-line
+/// arguments placed right after `run` (so the user's own arguments, which
+/// come later, win). `run_args` names the long options `run` accepts.
+pub fn merge_config_file(args: &[String], run_args: &[String]) -> Result<Vec<String>> {
+    let Some(run_at) = args.iter().position(|a| a == "run") else {
+        return Ok(args.to_vec());
+    };
+    let path = args.iter().enumerate().skip(run_at).find_map(|(i, a)| {
+        a.strip_prefix("--config=").map(str::to_string).or_else(|| {
+            (a == "--config")
+                .then(|| args.get(i + 1).cloned())
+                .flatten()
+        })
+    });
+    let Some(path) = path else {
+        return Ok(args.to_vec());
+    };
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("cannot read config file {path}"))?;
+    let table: toml::Table =
+        toml::from_str(&text).with_context(|| format!("config file {path} is not valid TOML"))?;
+    let mut extra = vec![];
+    for (key, value) in table {
+        let name = key.replace('_', "-");
+        if name == "config" || name == "help" || !run_args.contains(&name) {
+            bail!("config file {path}: unknown option `{key}` (the keys are `tokentap run` long option names, see `tokentap run --help`)");
+        }
+        let flag = format!("--{name}");
+        let scalar = |v: &toml::Value| -> Result<String> {
+            Ok(match v {
+                toml::Value::String(s) => s.clone(),
+                toml::Value::Integer(i) => i.to_string(),
+                toml::Value::Float(f) => f.to_string(),
+                other => bail!("config file {path}: `{key}` has an unsupported value {other:?}"),
+            })
+        };
+        match &value {
+            toml::Value::Boolean(true) => extra.push(flag),
+            toml::Value::Boolean(false) => {}
+            toml::Value::Array(items) => {
+                for it in items {
+                    extra.push(flag.clone());
+                    extra.push(scalar(it)?);
+                }
+            }
+            v => {
+                extra.push(flag);
+                extra.push(scalar(v)?);
+            }
+        }
+    }
+    let mut out = args[..=run_at].to_vec();
+    out.extend(extra);
+    out.extend_from_slice(&args[run_at + 1..]);
+    Ok(out)
+}
+
+/// The long option names of `run`.
+pub fn run_option_names() -> Vec<String> {
+    let cmd = RunFlags::augment_args(clap::Command::new("run"));
+    cmd.get_arguments()
+        .filter_map(|a| a.get_long().map(str::to_string))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+    use std::collections::HashMap;
+
+    #[derive(Parser)]
+    #[command(args_override_self = true)]
+    struct Cli {
+        #[command(subcommand)]
+        cmd: Sub,
+    }
+    #[derive(clap::Subcommand)]
+    enum Sub {
+        Run(RunFlags),
+    }
+
+    struct FakeEnv {
+        vars: HashMap<&'static str, &'static str>,
+        tty: bool,
+    }
+    impl Env for FakeEnv {
+        fn var(&self, key: &str) -> Option<String> {
+            self.vars.get(key).map(|s| s.to_string())
+        }
+        fn stdout_is_terminal(&self) -> bool {
+            self.tty
+        }
+    }
+    fn env(vars: &[(&'static str, &'static str)], tty: bool) -> FakeEnv {
+        FakeEnv {
+            vars: vars.iter().copied().collect(),
+            tty,
+        }
+    }
+    fn flags(args: &[&str]) -> RunFlags {
+        let mut v = vec!["tokentap", "run"];
+        v.extend_from_slice(args);
+        let Sub::Run(f) = Cli::try_parse_from(v).unwrap().cmd;
+        f
+    }
+
+    #[test]
+    fn config_file_options_come_before_the_command_line_so_it_wins() {
+        let dir = std::env::temp_dir().join(format!("tokentap-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("c.toml");
+        std::fs::write(&f, "pid = [1, 2]\nno-console = true\nexport_interval = 2.5\nexponential-histograms = false\n").unwrap();
+        let args: Vec<String> = [
+            "tokentap",
+            "run",
+            "--config",
+            f.to_str().unwrap(),
+            "--export-interval",
+            "3",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let out = merge_config_file(&args, &run_option_names()).unwrap();
+        let Sub::Run(r) = Cli::try_parse_from(&out).unwrap().cmd;
+        assert_eq!(r.pids, vec![1, 2]);
+        assert!(r.no_console);
+        assert!(!r.exponential_histograms);
+        assert_eq!(r.export_interval, 3.0);
+        std::fs::write(&f, "nope = 1\n").unwrap();
+        let err = merge_config_file(&args, &run_option_names()).unwrap_err();
+        assert!(format!("{err:#}").contains("unknown option `nope`"));
+    }
+
+    #[test]
+    fn targeting_follows_pid_and_port_flags() {
+        let p = resolve(&flags(&[]), &env(&[], false)).unwrap();
+        assert_eq!(p.targeting, Targeting::Discover);
+        assert!(p.capture.allow_no_targets);
+        let p = resolve(&flags(&["--port", "8000"]), &env(&[], false)).unwrap();
+        assert_eq!(p.targeting, Targeting::Ports(vec![8000]));
+        assert!(p.capture.allow_no_targets, "--port waits for a listener");
+        let p = resolve(&flags(&["--pid", "7", "--port", "80"]), &env(&[], false)).unwrap();
+        assert_eq!(
+            p.targeting,
+            Targeting::Pids {
+                pids: vec![7],
+                ports: vec![80]
+            }
+        );
+        assert!(!p.capture.allow_no_targets, "an explicit pid must exist");
+    }
+
+    #[test]
+    fn console_is_a_table_on_a_terminal_and_lines_elsewhere() {
+        let c = resolve(&flags(&[]), &env(&[], true))
+            .unwrap()
+            .console
+            .unwrap();
+        assert!(c.table && !c.to_stderr);
+        assert_eq!(c.every, Duration::from_secs(1));
+        let c = resolve(&flags(&[]), &env(&[], false))
+            .unwrap()
+            .console
+            .unwrap();
+        assert!(!c.table);
+        assert_eq!(c.every, Duration::from_secs(10));
+        // The request log on stdout pushes the console to stderr, as lines.
+        let c = resolve(&flags(&["--requests-log", "-"]), &env(&[], true))
+            .unwrap()
+            .console
+            .unwrap();
+        assert!(!c.table && c.to_stderr);
+        assert!(resolve(&flags(&["--no-console"]), &env(&[], true))
+            .unwrap()
+            .console
+            .is_none());
+        assert!(resolve(&flags(&["--console-interval", "0"]), &env(&[], true)).is_err());
+    }
+
+    #[test]
+    fn otlp_export_follows_flags_then_the_standard_environment() {
+        assert!(resolve(&flags(&[]), &env(&[], false))
+            .unwrap()
+            .metrics
+            .is_none());
+        let m = resolve(
+            &flags(&[]),
+            &env(
+                &[
+                    ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
+                    ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+                ],
+                false,
+            ),
+        )
+        .unwrap()
+        .metrics
+        .unwrap();
+        assert_eq!(m.protocol, OtlpProtocol::HttpProtobuf);
+        assert_eq!(m.endpoint, None, "the SDK reads the env endpoint itself");
+        let m = resolve(
+            &flags(&[
+                "--otlp-endpoint",
+                "http://x:4317",
+                "--otlp-protocol",
+                "grpc",
+            ]),
+            &env(&[("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")], false),
+        )
+        .unwrap()
+        .metrics
+        .unwrap();
+        assert_eq!(m.protocol, OtlpProtocol::Grpc, "the flag wins");
+        assert_eq!(m.endpoint.as_deref(), Some("http://x:4317"));
+        let err = resolve(
+            &flags(&["--otlp-endpoint", "http://x:4317"]),
+            &env(&[("OTEL_EXPORTER_OTLP_PROTOCOL", "carrier-pigeon")], false),
+        )
+        .unwrap_err();
+        assert!(format!("{err}").contains("OTEL_EXPORTER_OTLP_PROTOCOL"));
+        assert!(resolve(
+            &flags(&["--otlp-endpoint", "http://x", "--export-interval=-1"]),
+            &env(&[], false)
+        )
+        .is_err());
+    }
+}

@@ -1,0 +1,151 @@
+//! Drivers: `tokentap run` (live capture through the pipeline until a
+//! signal or `--duration`) and `tokentap replay` (a capture file through
+//! the same pipeline). They build the pipeline from a plan; they hold no
+//! per-request logic.
+
+use std::{path::Path, sync::Arc, time::Duration};
+
+use anyhow::Result;
+
+use super::{
+    enrich::EngineName, health::Health, plan::RunPlan, targets::Targeter, Pipeline, Task, TICK,
+};
+use crate::{
+    capfile::Writer, capture::Capture, console::ConsoleSink, metrics::Metrics, record::RequestLog,
+    source::EventSource,
+};
+
+/// Resolves when SIGINT or SIGTERM arrives.
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut int), Ok(mut term)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
+        std::future::pending::<()>().await;
+        return;
+    };
+    tokio::select! {
+        _ = int.recv() => {},
+        _ = term.recv() => {},
+    }
+}
+
+/// Resolves after `d`, or never.
+pub async fn deadline(d: Option<Duration>) {
+    match d {
+        Some(d) => tokio::time::sleep(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The live agent.
+pub async fn run(plan: RunPlan) -> Result<()> {
+    let health = Arc::new(Health::default());
+    let mut pipe = Pipeline::new(health.clone()).enricher(EngineName);
+    // Sinks are built before capture starts, so a bad path or endpoint
+    // fails before anything is attached.
+    if let Some(p) = &plan.requests_log {
+        pipe = pipe.sink(Box::new(RequestLog::create(p)?));
+    }
+    if let Some(c) = &plan.console {
+        pipe = pipe.sink(Box::new(ConsoleSink::new(c.clone())));
+    }
+    if let Some(m) = &plan.metrics {
+        pipe = pipe.sink(Box::new(Metrics::new(m, health.clone())?));
+    }
+
+    let mut cap = Capture::start(&plan.capture)?;
+    let mut batch = Vec::new();
+    cap.seed(&mut batch);
+    let mut targeter = Targeter::new(plan.targeting.clone(), plan.capture.proc_root.clone());
+    let ready = targeter.start(&mut cap, &mut pipe.node, &mut batch)?;
+    eprintln!("{ready}");
+    let mut src = EventSource::Live(Box::new(cap));
+    let mut tasks: Vec<Box<dyn Task>> = vec![Box::new(targeter)];
+
+    let end = deadline(plan.duration);
+    tokio::pin!(end);
+    let stop = shutdown_signal();
+    tokio::pin!(stop);
+    let every = plan.console.as_ref().map_or(TICK, |c| c.every.min(TICK));
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        pipe.events(&mut batch)?;
+        tokio::select! {
+            res = src.next_batch(&mut batch) => { res?; }
+            _ = tick.tick() => {
+                for t in &mut tasks {
+                    t.tick(src.live_mut(), &mut pipe.node, &mut batch)?;
+                }
+                pipe.tick(src.capture_stats().as_ref())?;
+            }
+            _ = &mut end => break,
+            _ = &mut stop => break,
+        }
+    }
+    src.finish(&mut batch);
+    pipe.events(&mut batch)?;
+    let stats = src.capture_stats();
+    let sum = pipe.shutdown(stats.as_ref())?;
+    eprintln!(
+        "tokentap: {} requests recorded, {} still in flight at shutdown (not recorded); capture {}; decode {}",
+        sum.records,
+        sum.in_flight,
+        serde_json::to_string(&stats.unwrap_or_default()).unwrap_or_default(),
+        sum.decode
+    );
+    Ok(())
+}
+
+/// A capture file through the same pipeline (no enrichers that need the
+/// live node: its processes are not this machine's).
+pub async fn replay(file: &Path, events: Option<&Path>, requests_log: Option<&Path>) -> Result<()> {
+    let mut src = EventSource::replay(file)?;
+    let mut writer = events.map(Writer::create).transpose()?;
+    let mut pipe = Pipeline::new(Arc::new(Health::default()));
+    if let Some(p) = requests_log {
+        pipe = pipe.sink(Box::new(RequestLog::create(p)?));
+    }
+    let mut batch = Vec::new();
+    let mut n = 0u64;
+    loop {
+        let more = src.next_batch(&mut batch).await?;
+        n += batch.len() as u64;
+        if let Some(w) = writer.as_mut() {
+            for ev in &batch {
+                w.write(ev)?;
+            }
+        }
+        pipe.events(&mut batch)?;
+        if !more {
+            break;
+        }
+    }
+    pipe.end_of_input()?;
+    if let Some(w) = writer.as_mut() {
+        w.flush()?;
+    }
+    let sum = pipe.shutdown(None)?;
+    if requests_log.is_some() {
+        eprintln!(
+            "tokentap: {} requests decoded; decode stats {}",
+            sum.records, sum.decode
+        );
+    }
+    for b in src.bad_lines() {
+        eprintln!(
+            "tokentap: {}:{}: skipped malformed line: {}",
+            file.display(),
+            b.line_no,
+            b.error
+        );
+    }
+    eprintln!(
+        "tokentap: replayed {n} events from {} ({} malformed lines skipped)",
+        file.display(),
+        src.bad_lines().len()
+    );
+    Ok(())
+}

@@ -1,0 +1,144 @@
+//! The request record: the output contract of decoding, one per finished
+//! request (the request log's line; keys are a contract, see
+//! docs/metrics.md), and the pipeline's message to enrichers and sinks.
+//!
+//! Owns: the record's fields and their serialisation, the request log
+//! writer. Must not: depend on `decode` (the decoder builds records; records
+//! know nothing of how), or carry prompt or completion text.
+
+use std::time::{Duration, UNIX_EPOCH};
+
+use serde::Serialize;
+
+/// One finished request: the request log's line (keys are a contract).
+/// `None` serialises as `null` and means unknown / not applicable.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RequestRecord {
+    /// RFC 3339 UTC time of t0 (the first request byte read).
+    pub ts: String,
+    pub pid: u32,
+    pub server_port: Option<u16>,
+    pub client: Option<String>,
+    pub method: String,
+    pub path: String,
+    pub status: Option<u16>,
+    pub operation: Option<&'static str>,
+    /// The engine (gen_ai.provider.name): from the API, the `Server`
+    /// header, or the process's command line (an enricher). Owned: identity
+    /// is known only at run time.
+    pub provider: Option<String>,
+    pub request_model: Option<String>,
+    pub response_model: Option<String>,
+    pub stream: bool,
+    pub ttft_s: Option<f64>,
+    pub tpot_s: Option<f64>,
+    pub duration_s: Option<f64>,
+    /// Content-bearing stream events (streams only).
+    pub chunks: Option<u64>,
+    pub input_tokens: Option<u64>,
+    pub output_tokens: Option<u64>,
+    /// Both token counts came from the server's own report.
+    pub tokens_exact: bool,
+    pub finish_reason: Option<String>,
+    pub error_type: Option<String>,
+    /// Time to the first reasoning token, when reasoning preceded answer
+    /// content (then `ttft_s` is the same instant, and `ttft_answer_s` says
+    /// when the answer began).
+    pub ttft_reasoning_s: Option<f64>,
+    /// Time to the first non-reasoning content (answer or tool call).
+    pub ttft_answer_s: Option<f64>,
+    /// Nanosecond t0, for joins and replays.
+    pub t0_ns: u64,
+}
+
+/// A finished request as the pipeline carries it: the record (what the log
+/// writes) plus data only the metrics use, which is not part of the log
+/// schema.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Finished {
+    pub record: RequestRecord,
+    /// Gaps between consecutive content-bearing writes, in seconds.
+    pub chunk_gaps_s: Vec<f64>,
+}
+
+impl std::ops::Deref for Finished {
+    type Target = RequestRecord;
+    fn deref(&self) -> &RequestRecord {
+        &self.record
+    }
+}
+
+/// Writes the request log: JSON Lines, one [`RequestRecord`] per line.
+/// It holds no prompt or completion text, only metadata and numbers.
+pub struct RequestLog {
+    out: std::io::BufWriter<Box<dyn std::io::Write + Send>>,
+    pub records: u64,
+}
+
+impl RequestLog {
+    /// `-` writes to stdout; a path is appended to (a log survives restarts).
+    pub fn create(path: &std::path::Path) -> anyhow::Result<Self> {
+        use anyhow::Context as _;
+        let sink: Box<dyn std::io::Write + Send> = if path.as_os_str() == "-" {
+            Box::new(std::io::stdout())
+        } else {
+            Box::new(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)
+                    .with_context(|| format!("cannot open request log {}", path.display()))?,
+            )
+        };
+        Ok(Self {
+            out: std::io::BufWriter::new(sink),
+            records: 0,
+        })
+    }
+
+    pub fn write(&mut self, r: &RequestRecord) -> anyhow::Result<()> {
+        use std::io::Write as _;
+        serde_json::to_writer(&mut self.out, r)?;
+        self.out.write_all(b"\n")?;
+        self.records += 1;
+        Ok(())
+    }
+
+    pub fn flush(&mut self) -> anyhow::Result<()> {
+        use std::io::Write as _;
+        self.out.flush()?;
+        Ok(())
+    }
+}
+
+impl crate::pipeline::Sink for RequestLog {
+    fn record(&mut self, f: &Finished) -> anyhow::Result<()> {
+        self.write(&f.record)
+    }
+
+    fn tick(&mut self, _: &crate::pipeline::Tick<'_>) -> anyhow::Result<()> {
+        self.flush()
+    }
+
+    fn shutdown(mut self: Box<Self>, _: &crate::pipeline::Tick<'_>) -> anyhow::Result<()> {
+        self.flush()
+    }
+}
+
+/// RFC 3339 UTC with microseconds.
+pub fn rfc3339(ns: u64) -> String {
+    humantime::format_rfc3339_micros(UNIX_EPOCH + Duration::from_nanos(ns)).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339_is_utc_with_micros() {
+        assert_eq!(
+            rfc3339(1_700_000_000_123_456_789),
+            "2023-11-14T22:13:20.123456Z"
+        );
+    }
+}
