@@ -106,11 +106,37 @@ mod tests {
         assert_eq!(engine_of_cmdline("nginx: worker process"), None);
     }
 
+    /// A fake /proc: `pid/cmdline`, `pid/fd/N` → `socket:[inode]`, and
+    /// `pid/net/tcp` listing that inode as listening (or not).
+    fn fake_proc(root: &Path, pid: u32, cmdline: &str, listening: bool) {
+        let dir = root.join(pid.to_string());
+        fs::create_dir_all(dir.join("fd")).unwrap();
+        fs::create_dir_all(dir.join("net")).unwrap();
+        fs::write(dir.join("cmdline"), cmdline.replace(' ', "\0")).unwrap();
+        let inode = 90_000 + pid as u64;
+        std::os::unix::fs::symlink(format!("socket:[{inode}]"), dir.join("fd/5")).unwrap();
+        let state = if listening { "0A" } else { "01" };
+        fs::write(
+            dir.join("net/tcp"),
+            format!(
+                "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n   \
+                 0: 0100007F:1F90 00000000:0000 {state} 00000000:00000000 00:00000000 00000000     0        0 {inode} 1 0000000000000000 100 0 0 10 0\n"
+            ),
+        )
+        .unwrap();
+    }
+
     #[test]
-    fn a_process_without_a_listening_socket_is_not_found() {
-        // This test process matches no engine pattern and is skipped anyway.
-        assert!(scan(Path::new("/proc"))
-            .iter()
-            .all(|(p, _)| *p != std::process::id()));
+    fn only_known_engines_that_listen_on_tcp_are_found() {
+        let root = std::env::temp_dir().join(format!("tokentap-discover-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        fake_proc(&root, 100, "python3 -m vllm.entrypoints.openai.api_server", true);
+        // The same engine's CLI client: no listening socket.
+        fake_proc(&root, 101, "vllm chat --url http://x", false);
+        // Listens, but is not an inference server.
+        fake_proc(&root, 102, "nginx: worker process", true);
+        fake_proc(&root, 103, "/usr/bin/llama-server -m m.gguf", true);
+        assert_eq!(scan(&root), vec![(100, "vllm"), (103, "llama.cpp")]);
+        let _ = fs::remove_dir_all(&root);
     }
 }
