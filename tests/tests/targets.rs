@@ -203,7 +203,10 @@ fn a_server_a_wrapper_forks_after_the_agent_attached_is_captured() {
     assert_eq!(opens[0]["pid"], server);
     assert_eq!(opens[0]["fd"], fd);
     assert_eq!(opens[0]["local"], format!("127.0.0.1:{port}"));
-    assert!(inbound(&cap.events, server, fd) == want_in(), "inbound bytes differ");
+    assert!(
+        inbound(&cap.events, server, fd) == want_in(),
+        "inbound bytes differ"
+    );
     assert!(
         cap.stats["forks_followed"].as_u64() >= Some(1),
         "{:?}",
@@ -241,13 +244,19 @@ fn a_server_a_wrapper_forked_before_the_agent_started_is_captured_with_its_open_
     );
     let opens: Vec<&Value> = cap.events.iter().filter(|e| e["type"] == "open").collect();
     assert_eq!(opens.len(), 2, "{opens:?}");
-    assert_eq!((&opens[0]["pid"], &opens[0]["fd"]), (&server.into(), &early_fd.into()));
+    assert_eq!(
+        (&opens[0]["pid"], &opens[0]["fd"]),
+        (&server.into(), &early_fd.into())
+    );
     assert_eq!(
         opens[0]["peer"],
         early.local_addr().unwrap().to_string(),
         "the connection open before start is seeded"
     );
-    assert_eq!((&opens[1]["pid"], &opens[1]["fd"]), (&server.into(), &late_fd.into()));
+    assert_eq!(
+        (&opens[1]["pid"], &opens[1]["fd"]),
+        (&server.into(), &late_fd.into())
+    );
     assert!(inbound(&cap.events, server, early_fd) == want_in());
     assert!(inbound(&cap.events, server, late_fd) == want_in());
 }
@@ -307,7 +316,10 @@ fn threads_of_a_target_are_not_new_targets_and_an_exited_child_leaves_targets() 
     );
     assert_eq!(st["targets_exited"], 1, "the child's exit: {st:?}");
     assert_eq!(st["targets"], 1, "only the helper is left: {st:?}");
-    assert_eq!(st["targets_in_kernel"], 1, "only the helper is left: {st:?}");
+    assert_eq!(
+        st["targets_in_kernel"], 1,
+        "only the helper is left: {st:?}"
+    );
     assert_eq!(st["targets_full"], 0, "{st:?}");
 }
 
@@ -441,4 +453,82 @@ fn an_object_given_by_path_with_the_right_version_loads() {
         .unwrap();
     assert!(agent.wait().unwrap().success(), "{err}");
     assert!(err.contains("; ready"), "{err}");
+}
+
+/// The library API the discovery stage uses: start with a `--port` that
+/// nothing listens on yet, add a launcher later, and see the fork of its
+/// server, the server's exec and the exits as process events, with the
+/// target set (userspace and kernel) following them.
+#[test]
+fn process_events_follow_a_launcher_added_after_start() {
+    use tokentap::capture::{Capture, CaptureOptions, ProcEvent};
+    if !require_root("targets process events") {
+        return;
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let unused_port = tokentap_tests::free_port();
+        let mut cap = Capture::start(&CaptureOptions {
+            ports: vec![unused_port],
+            allow_no_targets: true,
+            ..CaptureOptions::default()
+        })
+        .expect("start with a port nobody listens on yet");
+        assert!(cap.targets().is_empty());
+
+        let mut w = wrapper(true);
+        let mut evs = vec![];
+        assert!(cap.add_target(w.pid(), &mut evs).unwrap());
+        assert!(
+            !cap.add_target(w.pid(), &mut evs).unwrap(),
+            "already a target"
+        );
+        w.send("go");
+        w.wait_for("port ");
+        let server = only_child(w.pid());
+
+        let mut seen: Vec<ProcEvent> = vec![];
+        let mut until = |cap: &mut Capture, want: ProcEvent| {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let mut evs = vec![];
+            while !seen.contains(&want) {
+                assert!(Instant::now() < deadline, "no {want:?} in {seen:?}");
+                // Drain without waiting (no await needed), then pause.
+                cap.drain(&mut evs);
+                cap.take_proc_events(&mut seen);
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        };
+        until(
+            &mut cap,
+            ProcEvent::Fork {
+                parent: w.pid(),
+                child: server,
+            },
+        );
+        until(
+            &mut cap,
+            ProcEvent::Exec {
+                pid: server,
+                comm: "sockpeer".into(),
+            },
+        );
+        assert_eq!(cap.targets(), {
+            let mut v = vec![w.pid(), server];
+            v.sort_unstable();
+            v
+        });
+        // sockpeer exits, then the shell (its `wait` returns).
+        w.send("exit");
+        until(&mut cap, ProcEvent::Exit { pid: server });
+        until(&mut cap, ProcEvent::Exit { pid: w.pid() });
+        assert!(cap.targets().is_empty(), "{:?}", cap.targets());
+        let st = cap.stats();
+        assert_eq!(st.targets_in_kernel, 0, "{st:?}");
+        assert_eq!((st.forks_followed, st.targets_exited), (1, 2), "{st:?}");
+        assert_eq!(st.proc_events_dropped, 0, "{st:?}");
+    });
 }
