@@ -252,8 +252,23 @@ pub(super) fn attach_agent(ebpf: &mut Ebpf) -> Result<()> {
              child processes of targets are not followed"
         );
     }
-    attach_programs(ebpf, |name| agent_attach_point(name, fork))
+    let events = tracefs_events();
+    attach_programs(ebpf, |name| {
+        let (category, tp) = agent_attach_point(name, fork)?;
+        // fork and vfork are not syscalls on every architecture (arm64
+        // has only clone/clone3); elsewhere a missing tracepoint is an
+        // error worth reporting.
+        if OPTIONAL_TRACEPOINTS.contains(&tp.as_str()) && !events.join(category).join(&tp).is_dir()
+        {
+            log::debug!("{category}/{tp} does not exist here; {name} not attached");
+            return None;
+        }
+        Some((category, tp))
+    })
 }
+
+/// Tracepoints some architectures lack.
+const OPTIONAL_TRACEPOINTS: [&str; 2] = ["sys_enter_fork", "sys_enter_vfork"];
 
 /// Attaches only the benchmark's reference programs (one map lookup on
 /// write enter/exit). Keep the returned object alive while measuring.
