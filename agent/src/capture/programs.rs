@@ -335,6 +335,8 @@ mod tests {
 
     #[test]
     fn the_embedded_object_if_any_carries_this_agents_version() {
+        // build.rs embeds either nothing (and says so) or a checked object.
+        assert_eq!(EBPF_OBJECT.is_empty(), !cfg!(tokentap_has_ebpf));
         if !EBPF_OBJECT.is_empty() {
             let obj = Aligned::copy(EBPF_OBJECT);
             assert_eq!(object_abi_version(obj.bytes()).unwrap(), ABI_VERSION);
