@@ -12,8 +12,14 @@
 //! bytes the kernel side meant to capture for the whole call.
 #![no_std]
 
-/// Bumped whenever a layout below changes.
-pub const ABI_VERSION: u32 = 3;
+/// Bumped whenever a layout below changes. The kernel object carries it in
+/// its [`ABI_SECTION`] ELF section; the agent compares the two before
+/// loading and refuses a mismatch.
+pub const ABI_VERSION: u32 = 4;
+
+/// ELF section of the kernel object holding [`ABI_VERSION`] as a
+/// little-endian u32.
+pub const ABI_SECTION: &str = "tokentap_abi";
 
 /// Largest payload carried by one record. Larger calls continue in
 /// follow-up records.
@@ -46,8 +52,13 @@ pub enum RecordKind {
     Close = 3,
     /// Some process called execve; payload is its 16-byte comm.
     Exec = 4,
-    /// A targeted thread group exited.
+    /// A targeted thread group exited (the kernel has already removed it
+    /// from `TARGETS`).
     Exit = 5,
+    /// A targeted thread group forked a new process (not a thread); the
+    /// kernel has already added the child to `TARGETS`. `tgid`/`tid`: the
+    /// parent; `ret`: the child's pid.
+    Fork = 6,
 }
 
 impl RecordKind {
@@ -58,6 +69,7 @@ impl RecordKind {
             3 => Self::Close,
             4 => Self::Exec,
             5 => Self::Exit,
+            6 => Self::Fork,
             _ => return None,
         })
     }
@@ -222,6 +234,9 @@ pub struct ConnState {
     pub _pad: [u8; 7],
 }
 
+/// `CLONE_THREAD`: the new task shares its parent's thread group.
+pub const CLONE_THREAD: u64 = 0x10000;
+
 /// Key of the `CONNS` map.
 #[inline(always)]
 pub const fn conn_key(tgid: u32, fd: i32) -> u64 {
@@ -240,7 +255,13 @@ pub mod stat {
     pub const RECORDS_SENT: u32 = 3;
     /// Connections not tracked because the `CONNS` map was full.
     pub const CONNS_FULL: u32 = 4;
-    pub const COUNT: u32 = 5;
+    /// Child processes of targets added to `TARGETS` by the kernel.
+    pub const FORKS_FOLLOWED: u32 = 5;
+    /// Child processes of targets not followed because `TARGETS` was full.
+    pub const TARGETS_FULL: u32 = 6;
+    /// Exited thread groups the kernel removed from `TARGETS`.
+    pub const TARGETS_EXITED: u32 = 7;
+    pub const COUNT: u32 = 8;
 }
 
 #[cfg(feature = "user")]

@@ -7,7 +7,9 @@
 //! slow the traced process beyond a map lookup when it is not targeted.
 //!
 //! One file per hook family: `data.rs` (read/write family), `conn.rs`
-//! (accept/connect/close), `process.rs` (exec/exit). Maps live in `maps.rs`.
+//! (accept/connect/close), `process.rs` (exec/fork/exit). Maps live in
+//! `maps.rs`. The object carries the record-layout version in its
+//! `tokentap_abi` section; the agent checks it before loading.
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
 
@@ -35,6 +37,14 @@ fn panic(_info: &core::panic::PanicInfo) -> ! {
 #[link_section = "license"]
 #[no_mangle]
 static LICENSE: [u8; 4] = *b"GPL\0";
+
+/// The record layout this object was built for (`agent_ebpf::ABI_VERSION`),
+/// read by the agent from the ELF before loading.
+#[cfg(target_arch = "bpf")]
+#[link_section = "tokentap_abi"]
+#[no_mangle]
+#[used]
+static TOKENTAP_ABI_VERSION: u32 = agent_ebpf::ABI_VERSION;
 
 #[cfg(not(target_arch = "bpf"))]
 fn main() {

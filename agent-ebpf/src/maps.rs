@@ -22,6 +22,14 @@ pub static CONNS: HashMap<u64, ConnState> = HashMap::with_max_entries(65536, 0);
 #[map]
 pub static ACTIVE: LruHashMap<u64, Pending> = LruHashMap::with_max_entries(16384, 0);
 
+/// "This thread's fork in progress makes a process" (1) or a thread (0),
+/// keyed by pid_tgid; written at clone/clone3/fork/vfork enter by targeted
+/// threads only, read by `sched_process_fork` inside the same syscall. A
+/// stale entry (a failed clone) is overwritten by the thread's next clone
+/// enter before any fork can read it; LRU eviction retires dead threads'.
+#[map]
+pub static FORKING: LruHashMap<u64, u8> = LruHashMap::with_max_entries(4096, 0);
+
 /// Records to userspace.
 #[map]
 pub static EVENTS: RingBuf = RingBuf::with_byte_size(16 * 1024 * 1024, 0);

@@ -1,15 +1,31 @@
-//! Process lifecycle for discovery: every exec (with the new comm) and the
-//! exit of targeted thread groups.
+//! Process lifecycle: every exec (with the new comm, for discovery), the
+//! fork of a new process by a target (the child becomes a target here, in
+//! the kernel, before it first runs), and the exit of targeted thread
+//! groups (removed from TARGETS here, so a recycled pid is not captured).
+//!
+//! Must not: read `task_struct` (a kernel-memory read, refused under
+//! lockdown). `sched_process_fork` fires for threads too and its context
+//! has no clone flags, so the fork-family syscall enters (which have them)
+//! record per thread whether the fork in progress makes a process, and
+//! `sched_process_fork` (run by the parent inside that syscall) reads it.
+//! A process that is not targeted pays one TARGETS lookup per clone enter
+//! and one FORKING lookup per fork.
 
-use agent_ebpf::{RecordHeader, RecordKind};
+use agent_ebpf::{stat, RecordHeader, RecordKind, CLONE_THREAD};
 use aya_ebpf::{
-    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns},
+    helpers::{
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns,
+        generated::bpf_probe_read_user,
+    },
     macros::tracepoint,
     programs::TracePointContext,
     EbpfContext,
 };
 
-use crate::{ctx::send, maps::TARGETS};
+use crate::{
+    ctx::{arg, bump, send},
+    maps::{FORKING, TARGETS},
+};
 
 #[repr(C)]
 struct ExecRecord {
@@ -51,6 +67,9 @@ pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
     if group_dead == 0 {
         return 0;
     }
+    if TARGETS.remove(&tgid).is_ok() {
+        bump(stat::TARGETS_EXITED);
+    }
     let h = RecordHeader {
         ts_ns: unsafe { bpf_ktime_get_ns() },
         tgid,
@@ -61,4 +80,115 @@ pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
     };
     send(&h);
     0
+}
+
+/// Remember whether this targeted thread's fork in progress makes a
+/// process (`flags` without CLONE_THREAD).
+#[inline(always)]
+fn note_fork(flags: impl FnOnce() -> Option<u64>) -> u32 {
+    let id = bpf_get_current_pid_tgid();
+    // SAFETY: read by value.
+    if unsafe { TARGETS.get(&((id >> 32) as u32)) }.is_none() {
+        return 0;
+    }
+    let process = match flags() {
+        Some(f) => (f & CLONE_THREAD == 0) as u8,
+        // Unreadable clone_args: clone3 itself fails with EFAULT.
+        None => 0,
+    };
+    if let Some(slot) = FORKING.get_ptr_mut(&id) {
+        // SAFETY: this thread's own entry, written in place.
+        unsafe { *slot = process };
+    } else {
+        let _ = FORKING.insert(&id, &process, 0);
+    }
+    0
+}
+
+#[tracepoint]
+pub fn sys_enter_clone(ctx: TracePointContext) -> u32 {
+    note_fork(|| Some(arg::<0>(&ctx)))
+}
+
+#[tracepoint]
+pub fn sys_enter_clone3(ctx: TracePointContext) -> u32 {
+    note_fork(|| {
+        // `struct clone_args` starts with `__aligned_u64 flags`.
+        let uargs = arg::<0>(&ctx);
+        let mut flags = 0u64;
+        // SAFETY: 8 bytes into a local; the helper checks the user pointer.
+        let rc = unsafe {
+            bpf_probe_read_user(
+                (&mut flags as *mut u64).cast(),
+                8,
+                uargs as *const core::ffi::c_void,
+            )
+        };
+        (rc == 0).then_some(flags)
+    })
+}
+
+#[tracepoint]
+pub fn sys_enter_fork(_ctx: TracePointContext) -> u32 {
+    note_fork(|| Some(0))
+}
+
+#[tracepoint]
+pub fn sys_enter_vfork(_ctx: TracePointContext) -> u32 {
+    note_fork(|| Some(0))
+}
+
+/// `sched_process_fork`, run by the parent inside its clone: when
+/// FORKING says this thread is making a process, the child's pid
+/// (global, like every TARGETS key) joins TARGETS and userspace is told.
+#[inline(always)]
+fn on_fork(child_pid: u32) -> u32 {
+    let id = bpf_get_current_pid_tgid();
+    let Some(slot) = FORKING.get_ptr_mut(&id) else {
+        return 0;
+    };
+    // SAFETY: this thread's own entry.
+    let process = unsafe { core::ptr::replace(slot, 0) };
+    if process == 0 {
+        return 0;
+    }
+    if TARGETS.insert(&child_pid, &1u8, 0).is_err() {
+        bump(stat::TARGETS_FULL);
+        return 0;
+    }
+    bump(stat::FORKS_FOLLOWED);
+    let h = RecordHeader {
+        ts_ns: unsafe { bpf_ktime_get_ns() },
+        ret: child_pid as i64,
+        tgid: (id >> 32) as u32,
+        tid: id as u32,
+        fd: -1,
+        kind: RecordKind::Fork as u8,
+        ..RecordHeader::default()
+    };
+    send(&h);
+    0
+}
+
+/// Context load at a constant offset.
+#[inline(always)]
+fn ctx_u32<const OFF: usize>(ctx: &TracePointContext) -> u32 {
+    // SAFETY: the verifier checks constant-offset context loads.
+    unsafe { core::ptr::read((ctx.as_ptr() as *const u8).add(OFF) as *const u32) }
+}
+
+/// `sched_process_fork` where the comms are `__data_loc` strings (recent
+/// kernels): `child_pid` at offset 20. Userspace attaches the variant that
+/// matches the tracepoint's `format` file (a program reading past the end
+/// of a tracepoint's record cannot attach).
+#[tracepoint]
+pub fn fork_compact(ctx: TracePointContext) -> u32 {
+    on_fork(ctx_u32::<20>(&ctx))
+}
+
+/// `sched_process_fork` with inline `char[16]` comms (older kernels):
+/// `child_pid` at offset 44.
+#[tracepoint]
+pub fn fork_legacy(ctx: TracePointContext) -> u32 {
+    on_fork(ctx_u32::<44>(&ctx))
 }

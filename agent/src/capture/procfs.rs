@@ -1,7 +1,9 @@
 //! What /proc says about sockets: fd → socket inode, TCP tables, listening
-//! ports. Used to resolve connections the kernel side could not describe
-//! (accept with a NULL address), to seed connections that were open before
-//! the agent started, and to find processes listening on a port.
+//! ports, network namespaces, the process tree. Used to resolve connections
+//! the kernel side could not describe (accept with a NULL address), to seed
+//! connections that were open before the agent started, to find processes
+//! listening on a port in any network namespace, and to find the existing
+//! descendants of a new target.
 //!
 //! Must not: cache across calls (fds are reused; every answer is fresh).
 
@@ -154,39 +156,121 @@ pub fn listening_ports(table: &[TcpEntry], owned: &HashMap<u64, i32>) -> HashSet
         .collect()
 }
 
-/// Processes (in the agent's network namespace view) holding a listening
-/// TCP socket on one of `ports`.
+/// Numeric entries of the proc root (processes; threads are not listed
+/// at the top level).
+fn pids(proc_root: &Path) -> Vec<u32> {
+    let Ok(dir) = fs::read_dir(proc_root) else {
+        return vec![];
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()))
+        .collect()
+}
+
+/// The inode of `pid`'s network namespace (`/proc/PID/ns/net` links to
+/// `net:[INODE]`).
+pub fn netns_inode(proc_root: &Path, pid: u32) -> Option<u64> {
+    let link = fs::read_link(proc_root.join(format!("{pid}/ns/net"))).ok()?;
+    link.to_str()?
+        .strip_prefix("net:[")?
+        .strip_suffix(']')?
+        .parse()
+        .ok()
+}
+
+/// Processes holding a listening TCP socket on one of `ports`, in any
+/// network namespace (a pod, `ip netns exec`): each namespace's TCP tables
+/// are read once, through one of its processes, then only the processes
+/// of namespaces with such a listener have their fds scanned.
 pub fn pids_listening_on(proc_root: &Path, ports: &[u16]) -> Vec<u32> {
-    let mut listen_inodes = HashSet::new();
-    for (file, v6) in [("net/tcp", false), ("net/tcp6", true)] {
-        if let Ok(text) = fs::read_to_string(proc_root.join(file)) {
-            for e in parse_tcp_table(&text, v6) {
-                if e.state == TCP_LISTEN && ports.contains(&e.local.port()) {
-                    listen_inodes.insert(e.inode);
+    // netns inode -> its processes (pids whose namespace is unreadable
+    // form their own group, keyed by nothing).
+    let mut by_ns: HashMap<Option<u64>, Vec<u32>> = HashMap::new();
+    for pid in pids(proc_root) {
+        by_ns
+            .entry(netns_inode(proc_root, pid))
+            .or_default()
+            .push(pid);
+    }
+    let mut out = Vec::new();
+    for (ns, members) in by_ns {
+        // Unknown namespace: each process's own view, one by one.
+        let readers: Vec<&[u32]> = match ns {
+            Some(_) => vec![&members[..]],
+            None => members.chunks(1).collect(),
+        };
+        for group in readers {
+            // Any member can show the namespace's tables; the first may
+            // exit meanwhile, so try until one answers.
+            let listen: HashSet<u64> = group
+                .iter()
+                .find_map(|&pid| tcp_table_if_readable(proc_root, pid))
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|e| e.state == TCP_LISTEN && ports.contains(&e.local.port()))
+                .map(|e| e.inode)
+                .collect();
+            if listen.is_empty() {
+                continue;
+            }
+            for &pid in group {
+                if socket_fds(proc_root, pid)
+                    .keys()
+                    .any(|i| listen.contains(i))
+                {
+                    out.push(pid);
                 }
             }
         }
     }
-    let mut pids = Vec::new();
-    if listen_inodes.is_empty() {
-        return pids;
+    out.sort_unstable();
+    out
+}
+
+/// `tcp_table` when at least one of the two files could be read.
+fn tcp_table_if_readable(proc_root: &Path, pid: u32) -> Option<Vec<TcpEntry>> {
+    let base = proc_root.join(format!("{pid}/net"));
+    if !base.join("tcp").exists() && !base.join("tcp6").exists() {
+        return None;
     }
-    let Ok(dir) = fs::read_dir(proc_root) else {
-        return pids;
-    };
-    for ent in dir.flatten() {
-        let Some(pid) = ent.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
-            continue;
-        };
-        if socket_fds(proc_root, pid)
-            .keys()
-            .any(|i| listen_inodes.contains(i))
+    Some(tcp_table(proc_root, pid))
+}
+
+/// The parent pid in the text of `/proc/PID/stat` (the field after the
+/// parenthesised comm, which may itself contain spaces and parentheses).
+pub fn parse_stat_ppid(stat: &str) -> Option<u32> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut f = rest.split_whitespace();
+    let _state = f.next()?;
+    f.next()?.parse().ok()
+}
+
+/// Every living descendant process of `root_pid` (children, their
+/// children, …), from one pass over `/proc/*/stat`; `root_pid` excluded.
+pub fn descendants(proc_root: &Path, root_pid: u32) -> Vec<u32> {
+    let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
+    for pid in pids(proc_root) {
+        if let Some(ppid) = fs::read_to_string(proc_root.join(format!("{pid}/stat")))
+            .ok()
+            .as_deref()
+            .and_then(parse_stat_ppid)
         {
-            pids.push(pid);
+            children.entry(ppid).or_default().push(pid);
         }
     }
-    pids.sort_unstable();
-    pids
+    let mut out = Vec::new();
+    let mut seen = HashSet::from([root_pid]);
+    let mut todo = vec![root_pid];
+    while let Some(p) = todo.pop() {
+        for &c in children.get(&p).map(Vec::as_slice).unwrap_or(&[]) {
+            if seen.insert(c) {
+                out.push(c);
+                todo.push(c);
+            }
+        }
+    }
+    out.sort_unstable();
+    out
 }
 
 #[cfg(test)]
@@ -226,6 +310,96 @@ mod tests {
         let owned: HashMap<u64, i32> = [(12345, 3)].into();
         assert_eq!(listening_ports(&t, &owned), [8080].into());
         assert!(listening_ports(&t, &HashMap::new()).is_empty());
+    }
+
+    /// A fake proc root: each process has a netns link, socket fd links
+    /// and the TCP tables of its namespace.
+    struct FakeProc(tempfile::TempDir);
+
+    impl FakeProc {
+        fn new() -> Self {
+            Self(tempfile::tempdir().unwrap())
+        }
+
+        fn process(&self, pid: u32, ppid: u32, netns: u64, sockets: &[u64], tcp: &str) {
+            let d = self.0.path().join(pid.to_string());
+            fs::create_dir_all(d.join("fd")).unwrap();
+            fs::create_dir_all(d.join("ns")).unwrap();
+            fs::create_dir_all(d.join("net")).unwrap();
+            std::os::unix::fs::symlink(format!("net:[{netns}]"), d.join("ns/net")).unwrap();
+            for (fd, inode) in sockets.iter().enumerate() {
+                std::os::unix::fs::symlink(
+                    format!("socket:[{inode}]"),
+                    d.join(format!("fd/{}", fd + 3)),
+                )
+                .unwrap();
+            }
+            fs::write(d.join("net/tcp"), tcp).unwrap();
+            fs::write(
+                d.join("stat"),
+                format!("{pid} (a (weird) name) S {ppid} 1 1 0 -1 4194560"),
+            )
+            .unwrap();
+        }
+
+        fn root(&self) -> &Path {
+            self.0.path()
+        }
+    }
+
+    fn listen_line(port: u16, inode: u64) -> String {
+        format!(
+            "  sl  local_address rem_address   st\n   0: 00000000:{port:04X} 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 {inode} 1 0\n"
+        )
+    }
+
+    #[test]
+    fn listeners_are_found_in_every_network_namespace_not_only_the_agents() {
+        let p = FakeProc::new();
+        // The agent's own namespace (1): nothing listens on 8000 there
+        // (its view, /proc/net/tcp, shows only port 22).
+        fs::create_dir_all(p.root().join("net")).unwrap();
+        fs::write(p.root().join("net/tcp"), listen_line(22, 500)).unwrap();
+        p.process(10, 1, 1, &[], &listen_line(22, 500));
+        // A pod (namespace 2): pid 20 listens on 8000; 21 shares the
+        // namespace but not the socket.
+        p.process(20, 1, 2, &[900], &listen_line(8000, 900));
+        p.process(21, 1, 2, &[], &listen_line(8000, 900));
+        // Another pod (3) with its own listener on the same port number.
+        p.process(30, 1, 3, &[901], &listen_line(8000, 901));
+        assert_eq!(pids_listening_on(p.root(), &[8000]), vec![20, 30]);
+        assert_eq!(pids_listening_on(p.root(), &[22]), Vec::<u32>::new());
+        assert_eq!(pids_listening_on(p.root(), &[9999]), Vec::<u32>::new());
+    }
+
+    #[test]
+    fn each_network_namespace_table_is_read_once_through_any_member() {
+        let p = FakeProc::new();
+        // Only the second member of namespace 2 shows the table (the
+        // first one's files are gone: it is exiting).
+        p.process(20, 1, 2, &[], "");
+        fs::remove_file(p.root().join("20/net/tcp")).unwrap();
+        p.process(21, 1, 2, &[], &listen_line(8000, 900));
+        p.process(22, 1, 2, &[900], "");
+        assert_eq!(pids_listening_on(p.root(), &[8000]), vec![22]);
+    }
+
+    #[test]
+    fn descendants_include_grandchildren_but_not_the_root_or_strangers() {
+        let p = FakeProc::new();
+        p.process(100, 1, 1, &[], "");
+        p.process(101, 100, 1, &[], "");
+        p.process(102, 101, 1, &[], "");
+        p.process(103, 100, 1, &[], "");
+        p.process(200, 1, 1, &[], "");
+        assert_eq!(descendants(p.root(), 100), vec![101, 102, 103]);
+        assert_eq!(descendants(p.root(), 102), Vec::<u32>::new());
+        assert_eq!(
+            parse_stat_ppid("7 (sh) (x) S 42 7 7 0"),
+            Some(42),
+            "comm with parentheses and spaces"
+        );
+        assert_eq!(parse_stat_ppid("garbage"), None);
     }
 
     #[test]

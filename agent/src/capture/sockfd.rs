@@ -156,23 +156,36 @@ impl SockFds {
 mod tests {
     use super::*;
 
+    /// The agent's own process needs no privilege: ptrace access checks
+    /// always allow a thread group to reach itself, so pidfd_getfd on our
+    /// own pid works unprivileged on every kernel with it (5.6+; this
+    /// project requires far newer). Other processes need CAP_SYS_PTRACE,
+    /// which the root integration tests exercise through real targets.
     #[test]
     fn own_sockets_are_classified_exactly() {
         let mut s = SockFds::default();
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let pid = std::process::id();
-        match s.classify(pid, c.as_raw_fd()) {
-            // Unprivileged runs may not be allowed to use pidfd_getfd.
-            None => {}
-            Some(FdKind::Tcp { local, peer }) => {
-                assert_eq!(local, c.local_addr().unwrap());
-                assert_eq!(peer, Some(l.local_addr().unwrap()));
-                let (u1, _u2) = std::os::unix::net::UnixStream::pair().unwrap();
-                assert_eq!(s.classify(pid, u1.as_raw_fd()), Some(FdKind::NotTcp));
-                assert_eq!(s.classify(pid, 987_654), Some(FdKind::Unknown));
-            }
-            other => panic!("unexpected {other:?}"),
-        }
+        assert_eq!(
+            s.classify(pid, c.as_raw_fd()),
+            Some(FdKind::Tcp {
+                local: c.local_addr().unwrap(),
+                peer: Some(l.local_addr().unwrap()),
+            })
+        );
+        assert_eq!(
+            s.classify(pid, l.as_raw_fd()),
+            Some(FdKind::Tcp {
+                local: l.local_addr().unwrap(),
+                peer: None,
+            }),
+            "a listener has no peer"
+        );
+        let (u1, _u2) = std::os::unix::net::UnixStream::pair().unwrap();
+        assert_eq!(s.classify(pid, u1.as_raw_fd()), Some(FdKind::NotTcp));
+        let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        assert_eq!(s.classify(pid, udp.as_raw_fd()), Some(FdKind::NotTcp));
+        assert_eq!(s.classify(pid, 987_654), Some(FdKind::Unknown));
     }
 }
