@@ -8,20 +8,14 @@
 //! exact token counts.
 
 use std::{
-    collections::HashMap,
-    io::{Read, Write},
-    net::TcpStream,
-    os::fd::AsRawFd,
-    path::Path,
-    process::Command,
-    time::Duration,
+    collections::HashMap, io::Write, net::TcpStream, path::Path, process::Command, time::Duration,
 };
 
 use serde_json::{json, Value};
 use tokentap_tests::{
-    interrupt,
+    assert_root, http, interrupt,
     otlp::{counter, histogram, start_receiver},
-    read_jsonl, require_root, scratch_dir, start, start_simengine, tokentap_bin,
+    read_jsonl, scratch_dir, start, start_simengine, tokentap_bin,
 };
 
 const WRITERS: [&str; 3] = ["write", "writev", "send"];
@@ -46,75 +40,39 @@ fn spec(thread: usize, i: usize) -> Value {
     })
 }
 
-/// Reads one whole HTTP response (Content-Length or chunked).
-fn read_response(s: &mut TcpStream, stop_after_chunks: Option<usize>) -> bool {
-    let mut buf = Vec::new();
-    let mut tmp = [0u8; 8192];
-    loop {
-        if let Some(h) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            let head = String::from_utf8_lossy(&buf[..h]).to_ascii_lowercase();
-            if let Some(len) = head.lines().find_map(|l| l.strip_prefix("content-length:")) {
-                let len: usize = len.trim().parse().unwrap();
-                if buf.len() >= h + 4 + len {
-                    return true;
-                }
-            } else {
-                if buf.ends_with(b"0\r\n\r\n") {
-                    return true;
-                }
-                if let Some(n) = stop_after_chunks {
-                    let seen = String::from_utf8_lossy(&buf)
-                        .matches("\"content\":\"tok")
-                        .count();
-                    if seen >= n {
-                        return false;
-                    }
-                }
-            }
-        }
-        let k = s.read(&mut tmp).expect("read response");
-        assert!(k > 0, "engine closed the connection");
-        buf.extend_from_slice(&tmp[..k]);
-    }
-}
-
-fn abort(s: TcpStream) {
-    let linger = libc::linger {
-        l_onoff: 1,
-        l_linger: 0,
-    };
-    // SAFETY: valid socket and option.
-    unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            (&linger as *const libc::linger).cast(),
-            std::mem::size_of::<libc::linger>() as u32,
-        )
-    };
-    drop(s);
+/// Sends request `i` of client `thread` and reads its response; the
+/// spec's disconnecting requests stop after 3 content chunks. Returns
+/// whether the response was read whole.
+fn exchange(s: &mut TcpStream, thread: usize, i: usize) -> bool {
+    let body = spec(thread, i).to_string();
+    s.write_all(http::post("/v1/chat/completions", "sim", &body).as_bytes())
+        .expect("send request");
+    let disconnect = i % 20 == 1;
+    let r = http::read_response_until(s, |body| {
+        disconnect
+            && String::from_utf8_lossy(body)
+                .matches("\"content\":\"tok")
+                .count()
+                >= 3
+    })
+    .expect("read response");
+    r.complete
 }
 
 fn client(port: u16, thread: usize, n: usize) {
     let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
     for i in 0..n {
-        let body = spec(thread, i).to_string();
-        write!(s, "POST /v1/chat/completions HTTP/1.1\r\nHost: sim\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
-        let disconnect = i % 20 == 1;
-        let complete = read_response(&mut s, disconnect.then_some(3));
-        if !complete {
-            abort(s);
+        if !exchange(&mut s, thread, i) {
+            http::abort(s);
             s = TcpStream::connect(("127.0.0.1", port)).unwrap();
         }
     }
 }
 
 #[test]
+#[ignore = "needs root: loads eBPF (cargo xtask test runs it as root)"]
 fn two_hundred_scripted_requests_match_the_engines_clock() {
-    if !require_root("live run against simengine") {
-        return;
-    }
+    assert_root("live run against simengine");
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -307,10 +265,9 @@ fn two_hundred_scripted_requests_match_the_engines_clock() {
 }
 
 #[test]
+#[ignore = "needs root: loads eBPF (cargo xtask test runs it as root)"]
 fn run_without_targets_finds_an_engine_by_its_command_line() {
-    if !require_root("discovery") {
-        return;
-    }
+    assert_root("discovery");
     let dir = scratch_dir("discover");
     let log_path = dir.join("requests.jsonl");
     // The simulated engine, named like llama.cpp's server on its command line.
@@ -327,14 +284,7 @@ fn run_without_targets_finds_an_engine_by_its_command_line() {
     );
     let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
     for i in 0..3 {
-        let body = spec(0, 10 + i).to_string();
-        write!(
-            s,
-            "POST /v1/chat/completions HTTP/1.1\r\nHost: sim\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        )
-        .unwrap();
-        assert!(read_response(&mut s, None));
+        assert!(exchange(&mut s, 0, 10 + i));
     }
     std::thread::sleep(Duration::from_millis(300));
     let (ok, stderr) = interrupt(&mut agent, agent_out);
