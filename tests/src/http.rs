@@ -287,6 +287,14 @@ mod tests {
         step: usize,
     }
 
+    /// `wire` handed out `step` bytes at a time.
+    fn trickle(wire: &str, step: usize) -> Trickle<'_> {
+        Trickle {
+            data: wire.as_bytes(),
+            step,
+        }
+    }
+
     impl Read for Trickle<'_> {
         fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
             let n = self.step.min(buf.len()).min(self.data.len());
@@ -303,11 +311,7 @@ mod tests {
         wire += &chunk("data: [DONE]\n\n");
         wire += LAST_CHUNK;
         for step in 1..wire.len() {
-            let r = read_response(&mut Trickle {
-                data: wire.as_bytes(),
-                step,
-            })
-            .unwrap();
+            let r = read_response(&mut trickle(&wire, step)).unwrap();
             assert!(r.complete);
             assert_eq!(r.status(), Some(200));
             assert_eq!(r.body, b"data: a\n\ndata: [DONE]\n\n");
@@ -320,11 +324,7 @@ mod tests {
         wire += &chunk("x0\r\n\r\n");
         wire += &chunk("y");
         wire += LAST_CHUNK;
-        let r = read_response(&mut Trickle {
-            data: wire.as_bytes(),
-            step: 3,
-        })
-        .unwrap();
+        let r = read_response(&mut trickle(&wire, 3)).unwrap();
         assert_eq!(r.body, b"x0\r\n\r\ny");
     }
 
@@ -334,13 +334,9 @@ mod tests {
         for i in 0..5 {
             wire += &chunk(&format!("data: tok{i}\n\n"));
         }
-        let r = read_response_until(
-            &mut Trickle {
-                data: wire.as_bytes(),
-                step: 7,
-            },
-            |b| String::from_utf8_lossy(b).matches("tok").count() >= 3,
-        )
+        let r = read_response_until(&mut trickle(&wire, 7), |b| {
+            String::from_utf8_lossy(b).matches("tok").count() >= 3
+        })
         .unwrap();
         assert!(!r.complete);
         assert_eq!(String::from_utf8_lossy(&r.body).matches("tok").count(), 3);
@@ -349,18 +345,10 @@ mod tests {
     #[test]
     fn a_content_length_response_cut_short_is_an_error() {
         let wire = "HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc";
-        let e = read_response(&mut Trickle {
-            data: wire.as_bytes(),
-            step: 4,
-        })
-        .unwrap_err();
+        let e = read_response(&mut trickle(wire, 4)).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
         let whole = response(429, "application/json", "{}");
-        let r = read_response(&mut Trickle {
-            data: whole.as_bytes(),
-            step: 5,
-        })
-        .unwrap();
+        let r = read_response(&mut trickle(&whole, 5)).unwrap();
         assert_eq!(
             (r.status(), r.complete, &r.body[..]),
             (Some(429), true, &b"{}"[..])
@@ -373,10 +361,7 @@ mod tests {
         let two = post("/b", "h", "");
         let wire = format!("{one}{two}");
         let mut pending = Vec::new();
-        let mut r = Trickle {
-            data: wire.as_bytes(),
-            step: 5,
-        };
+        let mut r = trickle(&wire, 5);
         let a = read_request(&mut r, &mut pending).unwrap().unwrap();
         assert!(a.head.text.starts_with("post /a "));
         assert_eq!(a.body, b"{\"x\":1}");

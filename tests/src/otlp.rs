@@ -3,6 +3,8 @@
 
 use std::sync::{Arc, Mutex};
 
+use serde_json::Value;
+
 use crate::http;
 
 use opentelemetry_proto::tonic::{
@@ -92,6 +94,43 @@ fn last_metric<T>(
         .flat_map(|sm| &sm.metrics)
         .filter(|m| m.name == name)
         .find_map(read)
+}
+
+/// Asserts that the exported request histograms say what the request log
+/// says: for TTFT, TPOT and duration the same count and sum (unit `s`),
+/// the token-usage histogram the sum of input and output tokens (unit
+/// `{token}`), and `tokentap.requests` the number of records.
+pub fn assert_exports_match_log(exports: &[ExportMetricsServiceRequest], records: &[Value]) {
+    for (metric, key) in [
+        ("gen_ai.server.time_to_first_token", "ttft_s"),
+        ("gen_ai.server.time_per_output_token", "tpot_s"),
+        ("gen_ai.server.request.duration", "duration_s"),
+    ] {
+        let (count, sum, unit) = histogram(exports, metric)
+            .unwrap_or_else(|| panic!("{metric} not exported ({} exports)", exports.len()));
+        let v: Vec<f64> = records.iter().filter_map(|r| r[key].as_f64()).collect();
+        assert_eq!(unit, "s", "{metric}");
+        assert_eq!(count, v.len() as u64, "{metric} count");
+        let want: f64 = v.iter().sum();
+        assert!(
+            (sum - want).abs() < 1e-6 * want.max(1.0),
+            "{metric} sum {sum} vs {want}"
+        );
+    }
+    let tokens: f64 = records
+        .iter()
+        .map(|r| {
+            r["input_tokens"].as_f64().unwrap_or(0.0) + r["output_tokens"].as_f64().unwrap_or(0.0)
+        })
+        .sum();
+    let (_, tsum, tunit) = histogram(exports, "gen_ai.server.token.usage")
+        .expect("gen_ai.server.token.usage exported");
+    assert_eq!(tunit, "{token}");
+    assert!((tsum - tokens).abs() < 1e-6, "token sum {tsum} vs {tokens}");
+    assert_eq!(
+        counter(exports, "tokentap.requests"),
+        Some(records.len() as u64)
+    );
 }
 
 /// Names of the metrics with an exponential histogram in the last export.

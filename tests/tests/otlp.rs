@@ -14,11 +14,30 @@ use serde_json::Value;
 use tokentap_tests::{
     assert_root, http, interrupt,
     otlp::{
-        counter, exponential_histograms, histogram, start_http_receiver, start_receiver,
-        sum_point_attributes,
+        assert_exports_match_log, counter, exponential_histograms, start_http_receiver,
+        start_receiver, sum_point_attributes,
     },
     read_jsonl, scratch_dir, start, start_simengine, tokentap_bin,
 };
+
+/// `tokentap run` on `pid`, exporting every second to 127.0.0.1:`otlp_port`,
+/// with `extra` arguments; returns once it is ready.
+fn start_agent(
+    pid: u32,
+    otlp_port: u16,
+    extra: &[&str],
+) -> (tokentap_tests::Running, std::sync::mpsc::Receiver<String>) {
+    start(
+        Command::new(tokentap_bin())
+            .args(["run", "--pid", &pid.to_string(), "--no-console"])
+            .args(["--export-interval", "1"])
+            .arg("--otlp-endpoint")
+            .arg(format!("http://127.0.0.1:{otlp_port}"))
+            .args(extra),
+        "; ready",
+        "tokentap run",
+    )
+}
 
 /// Sends one request with `body` and reads its whole response.
 fn request(s: &mut TcpStream, body: &serde_json::Value) {
@@ -46,22 +65,7 @@ fn a_collector_that_is_down_at_start_gets_the_metrics_once_it_is_up() {
     // A free port with nothing listening on it (yet).
     let otlp_port = tokentap_tests::free_port();
     let (engine, port, _) = start_simengine(Path::new(env!("CARGO_BIN_EXE_simengine")), &[]);
-    let (mut agent, out) = start(
-        Command::new(tokentap_bin())
-            .args([
-                "run",
-                "--pid",
-                &engine.0.id().to_string(),
-                "--no-console",
-                "--export-interval",
-                "1",
-                "--exponential-histograms",
-            ])
-            .arg("--otlp-endpoint")
-            .arg(format!("http://127.0.0.1:{otlp_port}")),
-        "; ready",
-        "tokentap run",
-    );
+    let (mut agent, out) = start_agent(engine.0.id(), otlp_port, &["--exponential-histograms"]);
     let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
     for i in 0..5 {
         one_request(&mut s, i);
@@ -144,24 +148,15 @@ fn check_export(protocol: &str) {
     let dir = scratch_dir(&format!("otlp-{}", protocol.replace('/', "-")));
     let log = dir.join("requests.jsonl");
     let (engine, port, _) = start_simengine(Path::new(env!("CARGO_BIN_EXE_simengine")), &[]);
-    let (mut agent, out) = start(
-        Command::new(tokentap_bin())
-            .args([
-                "run",
-                "--pid",
-                &engine.0.id().to_string(),
-                "--no-console",
-                "--export-interval",
-                "1",
-                "--otlp-protocol",
-                protocol,
-            ])
-            .arg("--otlp-endpoint")
-            .arg(format!("http://127.0.0.1:{otlp_port}"))
-            .arg("--requests-log")
-            .arg(&log),
-        "; ready",
-        "tokentap run",
+    let (mut agent, out) = start_agent(
+        engine.0.id(),
+        otlp_port,
+        &[
+            "--otlp-protocol",
+            protocol,
+            "--requests-log",
+            log.to_str().expect("scratch paths are UTF-8"),
+        ],
     );
 
     let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
@@ -187,35 +182,7 @@ fn check_export(protocol: &str) {
     assert_eq!(recs.len(), 40, "{stderr}");
     let exports = sink.0.lock().unwrap().clone();
     assert!(!exports.is_empty(), "no OTLP export arrived: {stderr}");
-    let sum_of = |k: &str| -> (u64, f64) {
-        let v: Vec<f64> = recs.iter().filter_map(|r| r[k].as_f64()).collect();
-        (v.len() as u64, v.iter().sum())
-    };
-    for (metric, key) in [
-        ("gen_ai.server.time_to_first_token", "ttft_s"),
-        ("gen_ai.server.time_per_output_token", "tpot_s"),
-        ("gen_ai.server.request.duration", "duration_s"),
-    ] {
-        let (count, sum, unit) =
-            histogram(&exports, metric).unwrap_or_else(|| panic!("{metric} not exported"));
-        let (want_count, want_sum) = sum_of(key);
-        assert_eq!(unit, "s", "{metric}");
-        assert_eq!(count, want_count, "{metric} count");
-        assert!(
-            (sum - want_sum).abs() < 1e-6 * want_sum.max(1.0),
-            "{metric} sum {sum} vs {want_sum}"
-        );
-    }
-    let tokens: f64 = recs
-        .iter()
-        .map(|r| {
-            r["input_tokens"].as_f64().unwrap_or(0.0) + r["output_tokens"].as_f64().unwrap_or(0.0)
-        })
-        .sum();
-    let (_, tsum, tunit) = histogram(&exports, "gen_ai.server.token.usage").unwrap();
-    assert_eq!(tunit, "{token}");
-    assert!((tsum - tokens).abs() < 1e-6, "token sum {tsum} vs {tokens}");
-    assert_eq!(counter(&exports, "tokentap.requests"), Some(40));
+    assert_exports_match_log(&exports, &recs);
     let resource = &exports.last().unwrap().resource_metrics[0].resource;
     let service = resource
         .as_ref()

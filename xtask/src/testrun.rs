@@ -63,8 +63,9 @@ pub fn test(args: Vec<String>) -> Result<()> {
     let listed = root_tests(&list_output);
     let n_root: usize = listed.values().map(BTreeSet::len).sum();
 
+    // Every test binary runs even when one fails, so the tally covers all.
     let mut run = cargo_test();
-    run.arg("--").args(harness_args);
+    run.arg("--no-fail-fast").arg("--").args(harness_args);
     if root {
         run.arg("--include-ignored");
     }
