@@ -304,12 +304,15 @@ mod tests {
         }
     }
 
+    /// A whole chunked SSE response carrying `chunks`.
+    fn sse(chunks: &[&str]) -> String {
+        let body: String = chunks.iter().map(|c| chunk(c)).collect();
+        format!("{SSE_HEAD}{body}{LAST_CHUNK}")
+    }
+
     #[test]
     fn a_chunked_response_is_read_whole_however_it_arrives() {
-        let mut wire = SSE_HEAD.to_string();
-        wire += &chunk("data: a\n\n");
-        wire += &chunk("data: [DONE]\n\n");
-        wire += LAST_CHUNK;
+        let wire = sse(&["data: a\n\n", "data: [DONE]\n\n"]);
         for step in 1..wire.len() {
             let r = read_response(&mut trickle(&wire, step)).unwrap();
             assert!(r.complete);
@@ -320,10 +323,7 @@ mod tests {
 
     #[test]
     fn a_body_containing_the_last_chunk_bytes_does_not_end_the_response_early() {
-        let mut wire = SSE_HEAD.to_string();
-        wire += &chunk("x0\r\n\r\n");
-        wire += &chunk("y");
-        wire += LAST_CHUNK;
+        let wire = sse(&["x0\r\n\r\n", "y"]);
         let r = read_response(&mut trickle(&wire, 3)).unwrap();
         assert_eq!(r.body, b"x0\r\n\r\ny");
     }
