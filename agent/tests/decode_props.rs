@@ -68,6 +68,10 @@ struct Built {
 }
 
 struct Truth {
+    /// Index in `Built::events` of the request's (only) inbound event.
+    request_event: usize,
+    /// Index of the event that completes its response.
+    last_event: usize,
     ttft_ns: Option<u64>,
     chunks: Option<u64>,
     output_tokens: Option<u64>,
@@ -142,6 +146,7 @@ fn build(specs: &[Spec]) -> Built {
             "POST {path} HTTP/1.1\r\nHost: h\r\nContent-Length: {}\r\n\r\n{body}",
             body.len()
         );
+        let request_event = events.len();
         events.push(data(t, Dir::In, req.into_bytes()));
         t += 500;
         let n = s.gaps_us.len() as u64;
@@ -167,6 +172,8 @@ fn build(specs: &[Spec]) -> Built {
                 }
                 events.push(data(t, Dir::Out, bytes));
                 truth.push(Truth {
+                    request_event,
+                    last_event: events.len() - 1,
                     ttft_ns: None,
                     chunks: None,
                     output_tokens: Some(n),
@@ -227,6 +234,8 @@ fn build(specs: &[Spec]) -> Built {
                 bytes.extend(b"0\r\n\r\n");
                 events.push(data(t, Dir::Out, bytes));
                 truth.push(Truth {
+                    request_event,
+                    last_event: events.len() - 1,
                     ttft_ns: first.map(|f| f - t0),
                     chunks: Some(n),
                     output_tokens: Some(out_tokens),
@@ -325,21 +334,34 @@ proptest! {
     }
 
     #[test]
-    fn chopped_conversations_end_in_records_with_an_error_or_nothing(
+    fn a_conversation_cut_by_the_engine_closing_keeps_what_finished_and_resets_the_rest(
         specs in prop::collection::vec(spec(), 1..3),
         stop_at in 0.0f64..1.0,
     ) {
         let built = build(&specs);
+        let (whole, _) = decode(&built.events);
         let n = ((built.events.len() as f64) * stop_at) as usize;
         let mut evs: Vec<SocketEvent> = built.events[..n].to_vec();
         evs.push(SocketEvent::Close(CloseEvent { ts_ns: T0 + 10_000_000_000, pid: 7, fd: 3 }));
         let (recs, _) = decode(&evs);
-        prop_assert!(recs.len() <= built.truth.len());
-        // Every request that started but did not finish is reported as
-        // cut off, never as a success.
-        let finished = recs.iter().filter(|r| r.error_type.is_none()).count();
-        let cut = recs.iter().filter(|r| r.error_type.as_deref() == Some("upstream_reset")).count();
-        prop_assert_eq!(finished + cut, recs.len());
+        // One record per request the engine had read before it closed; none
+        // for requests it never saw.
+        let started: Vec<usize> = (0..built.truth.len())
+            .filter(|&i| built.truth[i].request_event < n)
+            .collect();
+        prop_assert_eq!(recs.len(), started.len());
+        for (r, &i) in recs.iter().zip(&started) {
+            if built.truth[i].last_event < n {
+                // Its response was complete before the close: exactly the
+                // record of the uncut conversation, a success.
+                prop_assert_eq!(r.error_type.as_deref(), None);
+                prop_assert_eq!(r, &whole[i]);
+            } else {
+                // Cut off mid-response (or before it began): never a
+                // success.
+                prop_assert_eq!(r.error_type.as_deref(), Some("upstream_reset"));
+            }
+        }
     }
 }
 

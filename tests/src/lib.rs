@@ -2,8 +2,10 @@
 //! binaries, driving the `sockpeer` test server, running the agent and
 //! reading what it wrote.
 //!
-//! eBPF tests need root. Outside CI they skip with a loud message when not
-//! root; under `CI=true` they fail instead (see [`require_root`]).
+//! eBPF tests need root. They are `#[ignore]`d with a reason saying so,
+//! so a plain `cargo test` reports them as ignored, never as passed;
+//! `cargo xtask test` runs them as root with `--include-ignored`, and one
+//! started without root fails at once (see [`assert_root`]).
 
 use std::{
     io::{BufRead, BufReader, Write},
@@ -15,6 +17,7 @@ use std::{
 
 use serde_json::Value;
 
+pub mod http;
 pub mod otlp;
 pub mod peers;
 pub mod transcript;
@@ -63,19 +66,18 @@ pub fn exchange_script() -> Vec<Step> {
         .collect()
 }
 
-/// True when the test may use eBPF. Not root: under CI=true this panics
-/// (a test that cannot load eBPF in CI must fail), otherwise it prints a
-/// skip notice and returns false.
-pub fn require_root(test: &str) -> bool {
+/// Fails the test unless it runs as root. Every test that loads eBPF is
+/// `#[ignore = "needs root: …"]` and calls this first: a plain `cargo test`
+/// reports it as ignored, and `--include-ignored` without root fails here
+/// instead of passing without having run.
+pub fn assert_root(test: &str) {
     // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        return true;
-    }
-    if std::env::var("CI").map(|v| v == "true").unwrap_or(false) {
-        panic!("{test}: eBPF tests must run as root under CI=true");
-    }
-    eprintln!("SKIPPED {test}: needs root to load eBPF (run `sudo cargo xtask test`)");
-    false
+    let euid = unsafe { libc::geteuid() };
+    assert!(
+        euid == 0,
+        "{test}: needs root to load eBPF (running as uid {euid}); run the root tests with \
+         `sudo cargo xtask test`, which includes the ignored ones"
+    );
 }
 
 /// target/<profile> of the running test binary.
@@ -296,6 +298,45 @@ pub fn payload(ev: &Value) -> Vec<u8> {
     base64::engine::general_purpose::STANDARD
         .decode(ev["data_b64"].as_str().unwrap_or(""))
         .expect("base64")
+}
+
+/// Wall-clock time, UNIX-epoch nanoseconds (0 if the clock is before 1970).
+pub fn now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+/// A socket fd read the way the test peers time their reads: each read
+/// first waits in poll(2) until data is there, so the read itself does
+/// not block, and the wall-clock bracket [just before, just after] of the
+/// first read since `first` was cleared is kept. The kernel's timestamp of
+/// that read (syscall exit) lies inside the bracket.
+pub struct BracketedFd {
+    pub fd: i32,
+    pub first: Option<[u64; 2]>,
+}
+
+impl std::io::Read for BracketedFd {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let mut pfd = libc::pollfd {
+            fd: self.fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        unsafe { libc::poll(&mut pfd, 1, -1) };
+        let lo = now_ns();
+        // SAFETY: a valid buffer of buf.len() bytes.
+        let r = unsafe { libc::read(self.fd, buf.as_mut_ptr().cast(), buf.len()) };
+        let hi = now_ns();
+        if r < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        self.first.get_or_insert([lo, hi]);
+        Ok(r as usize)
+    }
 }
 
 /// A loopback port with nothing listening on it right now.

@@ -3,6 +3,10 @@
 
 use std::sync::{Arc, Mutex};
 
+use serde_json::Value;
+
+use crate::http;
+
 use opentelemetry_proto::tonic::{
     collector::metrics::v1::{
         metrics_service_server::{MetricsService, MetricsServiceServer},
@@ -92,6 +96,43 @@ fn last_metric<T>(
         .find_map(read)
 }
 
+/// Asserts that the exported request histograms say what the request log
+/// says: for TTFT, TPOT and duration the same count and sum (unit `s`),
+/// the token-usage histogram the sum of input and output tokens (unit
+/// `{token}`), and `tokentap.requests` the number of records.
+pub fn assert_exports_match_log(exports: &[ExportMetricsServiceRequest], records: &[Value]) {
+    for (metric, key) in [
+        ("gen_ai.server.time_to_first_token", "ttft_s"),
+        ("gen_ai.server.time_per_output_token", "tpot_s"),
+        ("gen_ai.server.request.duration", "duration_s"),
+    ] {
+        let (count, sum, unit) = histogram(exports, metric)
+            .unwrap_or_else(|| panic!("{metric} not exported ({} exports)", exports.len()));
+        let v: Vec<f64> = records.iter().filter_map(|r| r[key].as_f64()).collect();
+        assert_eq!(unit, "s", "{metric}");
+        assert_eq!(count, v.len() as u64, "{metric} count");
+        let want: f64 = v.iter().sum();
+        assert!(
+            (sum - want).abs() < 1e-6 * want.max(1.0),
+            "{metric} sum {sum} vs {want}"
+        );
+    }
+    let tokens: f64 = records
+        .iter()
+        .map(|r| {
+            r["input_tokens"].as_f64().unwrap_or(0.0) + r["output_tokens"].as_f64().unwrap_or(0.0)
+        })
+        .sum();
+    let (_, tsum, tunit) = histogram(exports, "gen_ai.server.token.usage")
+        .expect("gen_ai.server.token.usage exported");
+    assert_eq!(tunit, "{token}");
+    assert!((tsum - tokens).abs() < 1e-6, "token sum {tsum} vs {tokens}");
+    assert_eq!(
+        counter(exports, "tokentap.requests"),
+        Some(records.len() as u64)
+    );
+}
+
 /// Names of the metrics with an exponential histogram in the last export.
 pub fn exponential_histograms(exports: &[ExportMetricsServiceRequest]) -> Vec<String> {
     let mut out = vec![];
@@ -112,42 +153,19 @@ pub fn exponential_histograms(exports: &[ExportMetricsServiceRequest]) -> Vec<St
 /// Serves OTLP/HTTP protobuf (`POST /v1/metrics`) on 127.0.0.1:`port`
 /// (0: any free port) from a plain thread; returns the port.
 pub fn start_http_receiver(port: u16) -> (Sink, u16) {
-    use std::io::{Read, Write};
+    use std::io::Write;
     let sink = Sink::default();
     let listener = std::net::TcpListener::bind(("127.0.0.1", port)).expect("bind OTLP/HTTP");
     let port = listener.local_addr().expect("local addr").port();
     let out = sink.clone();
     std::thread::spawn(move || {
-        for conn in listener.incoming().flatten() {
-            let mut conn = conn;
-            let mut buf = Vec::new();
-            let mut tmp = [0u8; 65536];
-            let body = loop {
-                let Ok(k) = conn.read(&mut tmp) else {
-                    break None;
-                };
-                if k == 0 {
-                    break None;
-                }
-                buf.extend_from_slice(&tmp[..k]);
-                if let Some(h) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                    let head = String::from_utf8_lossy(&buf[..h]).to_ascii_lowercase();
-                    let len: usize = head
-                        .lines()
-                        .find_map(|l| l.strip_prefix("content-length:"))
-                        .and_then(|v| v.trim().parse().ok())
-                        .unwrap_or(0);
-                    if buf.len() >= h + 4 + len {
-                        break Some((head, buf[h + 4..h + 4 + len].to_vec()));
-                    }
-                }
-            };
-            if let Some((head, body)) = body {
-                if head.starts_with("post /v1/metrics") {
-                    if let Ok(req) =
-                        <ExportMetricsServiceRequest as prost::Message>::decode(&body[..])
+        for mut conn in listener.incoming().flatten() {
+            if let Ok(Some(req)) = http::read_request(&mut conn, &mut Vec::new()) {
+                if req.head.text.starts_with("post /v1/metrics") {
+                    if let Ok(m) =
+                        <ExportMetricsServiceRequest as prost::Message>::decode(&req.body[..])
                     {
-                        out.0.lock().unwrap().push(req);
+                        out.0.lock().unwrap().push(m);
                     }
                 }
             }

@@ -41,19 +41,18 @@ pub struct Peers {
 }
 
 impl Peers {
-    /// The peers when installed. Not installed: under `CI=true` this
-    /// panics (CI installs them through `cargo xtask test`), otherwise it
-    /// prints a skip notice naming the install command.
-    pub fn locate(test: &str) -> Option<Peers> {
+    /// The installed peers; panics, naming the install command, when they
+    /// are not installed (the tests that need them are `#[ignore]`d, so
+    /// they only run when asked for, and then must not pass unrun).
+    pub fn installed(what: &str) -> Peers {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("peers");
-        if dir.join(".installed").exists() {
-            return Some(Peers { dir });
-        }
-        if std::env::var("CI").map(|v| v == "true").unwrap_or(false) {
-            panic!("{test}: the real peers are not installed (`cargo xtask peers` installs them)");
-        }
-        eprintln!("SKIPPED {test}: real peers not installed (run `cargo xtask peers`)");
-        None
+        assert!(
+            dir.join(".installed").exists(),
+            "{what}: the real peers are not installed in {}: run `cargo xtask peers` \
+             (`cargo xtask test` does it as root when the fidelity tests are selected)",
+            dir.display()
+        );
+        Peers { dir }
     }
 
     fn venv_bin(&self, name: &str) -> PathBuf {

@@ -13,7 +13,7 @@ use std::{
 };
 
 use serde_json::Value;
-use tokentap_tests::{exchange_script, payload, require_root, scratch_dir, tokentap_bin, Agent};
+use tokentap_tests::{exchange_script, assert_root, payload, scratch_dir, tokentap_bin, Agent};
 
 /// A process driven line by line over stdin/stdout, like `Peer`, but
 /// started by any command (a shell wrapper around `sockpeer`, `unshare`,
@@ -178,10 +178,9 @@ fn wrapper(gate: bool) -> Driven {
 }
 
 #[test]
+#[ignore = "needs root: loads eBPF (cargo xtask test runs it as root)"]
 fn a_server_a_wrapper_forks_after_the_agent_attached_is_captured() {
-    if !require_root("targets fork after attach") {
-        return;
-    }
+    assert_root("targets fork after attach");
     let dir = scratch_dir("fork-after");
     let mut w = wrapper(true);
     let agent = Agent::capture(&["--pid", &w.pid().to_string()], &dir.join("cap.jsonl"));
@@ -215,10 +214,9 @@ fn a_server_a_wrapper_forks_after_the_agent_attached_is_captured() {
 }
 
 #[test]
+#[ignore = "needs root: loads eBPF (cargo xtask test runs it as root)"]
 fn a_server_a_wrapper_forked_before_the_agent_started_is_captured_with_its_open_connections() {
-    if !require_root("targets fork before start") {
-        return;
-    }
+    assert_root("targets fork before start");
     let dir = scratch_dir("fork-before");
     let mut w = wrapper(false);
     let port = port_of(&w.wait_for("port "));
@@ -283,19 +281,19 @@ fn thread_and_fork_helper() {
 }
 
 #[test]
+#[ignore = "needs root: loads eBPF (cargo xtask test runs it as root)"]
 fn threads_of_a_target_are_not_new_targets_and_an_exited_child_leaves_targets() {
     if std::env::var_os("TARGETS_HELPER").is_some() {
         thread_and_fork_helper();
         return;
     }
-    if !require_root("targets threads and exit") {
-        return;
-    }
+    assert_root("targets threads and exit");
     let dir = scratch_dir("threads");
     let mut h = Driven::spawn(
         Command::new(std::env::current_exe().unwrap())
             .args([
                 "--exact",
+                "--include-ignored",
                 "threads_of_a_target_are_not_new_targets_and_an_exited_child_leaves_targets",
                 "--nocapture",
                 "--test-threads=1",
@@ -324,10 +322,9 @@ fn threads_of_a_target_are_not_new_targets_and_an_exited_child_leaves_targets() 
 }
 
 #[test]
+#[ignore = "needs root: loads eBPF (cargo xtask test runs it as root)"]
 fn port_selects_a_listener_in_another_network_namespace() {
-    if !require_root("targets netns port") {
-        return;
-    }
+    assert_root("targets netns port");
     let dir = scratch_dir("netns");
     // sockpeer in a fresh network namespace: same pid as `unshare`.
     let mut p = Driven::spawn(Command::new("unshare").args([
@@ -428,10 +425,9 @@ fn an_object_built_for_another_record_layout_is_refused_before_loading() {
 }
 
 #[test]
+#[ignore = "needs root: loads eBPF (cargo xtask test runs it as root)"]
 fn an_object_given_by_path_with_the_right_version_loads() {
-    if !require_root("targets object by path") {
-        return;
-    }
+    assert_root("targets object by path");
     let dir = scratch_dir("abi-ok");
     let copy = dir.join("copy.o");
     std::fs::copy(built_object(), &copy).unwrap();
@@ -460,11 +456,10 @@ fn an_object_given_by_path_with_the_right_version_loads() {
 /// server, the server's exec and the exits as process events, with the
 /// target set (userspace and kernel) following them.
 #[test]
+#[ignore = "needs root: loads eBPF (cargo xtask test runs it as root)"]
 fn process_events_follow_a_launcher_added_after_start() {
     use tokentap::capture::{Capture, CaptureOptions, ProcEvent};
-    if !require_root("targets process events") {
-        return;
-    }
+    assert_root("targets process events");
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

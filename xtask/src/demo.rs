@@ -5,7 +5,7 @@
 //! seconds. Needs root (eBPF).
 
 use std::{
-    io::{BufRead, BufReader, Read, Write},
+    io::{BufRead, BufReader},
     net::TcpStream,
     process::{Command, Stdio},
     sync::{
@@ -19,27 +19,12 @@ use anyhow::{bail, Context, Result};
 
 use crate::util::root;
 
-fn read_response(s: &mut TcpStream) -> Result<()> {
-    let mut buf = Vec::new();
-    let mut tmp = [0u8; 8192];
-    loop {
-        if let Some(h) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            let head = String::from_utf8_lossy(&buf[..h]).to_ascii_lowercase();
-            match head.lines().find_map(|l| l.strip_prefix("content-length:")) {
-                Some(len) if buf.len() >= h + 4 + len.trim().parse::<usize>().unwrap_or(0) => {
-                    return Ok(())
-                }
-                None if buf.ends_with(b"0\r\n\r\n") => return Ok(()),
-                _ => {}
-            }
-        }
-        let k = s.read(&mut tmp)?;
-        if k == 0 {
-            bail!("engine closed the connection");
-        }
-        buf.extend_from_slice(&tmp[..k]);
-    }
-}
+// The tests crate's HTTP helpers, by path: depending on `tokentap-tests`
+// would build the agent (and tonic, opentelemetry) into xtask, whose job
+// is to build the agent first, with the eBPF object it embeds.
+#[path = "../../tests/src/http.rs"]
+#[allow(dead_code)]
+mod http;
 
 fn load(port: u16, worker: u64, stop: Arc<AtomicBool>) -> Result<()> {
     let mut s = TcpStream::connect(("127.0.0.1", port))?;
@@ -62,12 +47,7 @@ fn load(port: u16, worker: u64, stop: Arc<AtomicBool>) -> Result<()> {
                     "write": write}
         })
         .to_string();
-        write!(
-            s,
-            "POST /v1/chat/completions HTTP/1.1\r\nHost: demo\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        )?;
-        read_response(&mut s)?;
+        http::round_trip(&mut s, "/v1/chat/completions", &body)?;
         std::thread::sleep(Duration::from_millis(50 + (i * 29) % 400));
     }
     Ok(())

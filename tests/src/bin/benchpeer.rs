@@ -26,6 +26,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+use tokentap_tests::http;
+
 fn thread_cpu_s() -> f64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
@@ -121,13 +123,9 @@ fn main() {
             let port = l.local_addr().expect("addr").port();
             let reader = std::thread::spawn(move || {
                 let mut c = TcpStream::connect(("127.0.0.1", port)).expect("connect");
-                let body = br#"{"model":"bench","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
-                let head = format!(
-                    "POST /v1/chat/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-                    body.len()
-                );
-                c.write_all(head.as_bytes()).expect("write head");
-                c.write_all(body).expect("write body");
+                let body = r#"{"model":"bench","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+                c.write_all(http::post("/v1/chat/completions", "bench", body).as_bytes())
+                    .expect("write request");
                 let mut buf = vec![0u8; 1 << 16];
                 while let Ok(k) = c.read(&mut buf) {
                     if k == 0 {
@@ -136,23 +134,16 @@ fn main() {
                 }
             });
             let (mut conn, _) = l.accept().expect("accept");
-            let mut req = [0u8; 4096];
-            let mut got = 0;
-            // The request ends with its JSON body's last bytes.
-            while !req[..got].ends_with(b"}]}") {
-                let k = conn.read(&mut req[got..]).expect("read request");
-                assert!(k > 0, "client closed before its request");
-                got += k;
-            }
-            conn.write_all(
-                b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n",
-            )
-            .expect("write response head");
+            http::read_request(&mut conn, &mut Vec::new())
+                .expect("read request")
+                .expect("client closed before its request");
+            conn.write_all(http::SSE_HEAD.as_bytes())
+                .expect("write response head");
             println!("ready {}", std::process::id());
             std::io::stdout().flush().ok();
             wait_go();
             let (n, wall, cpu) = write_loop(conn.as_raw_fd(), &sse_chunk(300), secs, rate);
-            let _ = conn.write_all(b"0\r\n\r\n");
+            let _ = conn.write_all(http::LAST_CHUNK.as_bytes());
             drop(conn);
             reader.join().ok();
             report(n, wall, cpu);

@@ -124,7 +124,7 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let rounds: usize = args.next().and_then(|v| v.parse().ok()).unwrap_or(3);
     let n: usize = args.next().and_then(|v| v.parse().ok()).unwrap_or(32);
-    let peers = Peers::locate("enginebench").expect("peers installed (`cargo xtask peers`)");
+    let peers = Peers::installed("enginebench");
     let dir = scratch_dir("enginebench");
 
     let port = free_port();

@@ -18,7 +18,10 @@
 //! write); plus the token count and the outcome (`client_disconnect` when a
 //! write failed).
 //!
-//! Usage: simengine [--port N] [--truth PATH]; prints `listening PORT`.
+//! Usage: simengine [--port N] [--addr IP] [--truth PATH]; listens on
+//! IP:N (default 127.0.0.1, any free port) and prints `listening PORT`.
+//! Other arguments are ignored (tests put names on the command line for
+//! discovery to find).
 
 use std::{
     io::Write,
@@ -29,13 +32,10 @@ use std::{
 };
 
 use serde_json::{json, Value};
-
-fn now_ns() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0)
-}
+use tokentap_tests::{
+    http::{self, chunk},
+    now_ns, BracketedFd,
+};
 
 /// Like `sys_write`, returning the [before, after] clock bracket of the
 /// call that wrote the last byte.
@@ -79,50 +79,21 @@ fn sys_write(fd: i32, data: &[u8], how: &str) -> bool {
     true
 }
 
-/// Reads one request (head + Content-Length body); None at EOF.
-fn read_request(fd: i32, pending: &mut Vec<u8>) -> Option<([u64; 2], Value)> {
-    let mut t_read = [0u64; 2];
-    let mut buf = vec![0u8; 65536];
-    loop {
-        if let Some(h) = pending.windows(4).position(|w| w == b"\r\n\r\n") {
-            let head = String::from_utf8_lossy(&pending[..h]).to_ascii_lowercase();
-            let len: usize = head
-                .lines()
-                .find_map(|l| l.strip_prefix("content-length:"))
-                .and_then(|v| v.trim().parse().ok())
-                .unwrap_or(0);
-            if pending.len() >= h + 4 + len {
-                let body: Value =
-                    serde_json::from_slice(&pending[h + 4..h + 4 + len]).unwrap_or(Value::Null);
-                pending.drain(..h + 4 + len);
-                return Some((t_read, body));
-            }
-        }
-        // Wait for data first, so the read itself does not block and its
-        // clock bracket is tight.
-        let mut pfd = libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd.
-        unsafe { libc::poll(&mut pfd, 1, -1) };
-        let lo = now_ns();
-        // SAFETY: valid buffer.
-        let r = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
-        let hi = now_ns();
-        if r <= 0 {
-            return None;
-        }
-        if t_read[0] == 0 && pending.is_empty() {
-            t_read = [lo, hi];
-        }
-        pending.extend_from_slice(&buf[..r as usize]);
-    }
-}
-
-fn chunk(s: &str) -> String {
-    format!("{:x}\r\n{s}\r\n", s.len())
+/// Reads one request (head + Content-Length body); None at EOF. The
+/// bracket is that of the first read of the request when it started on an
+/// empty buffer ([0, 0] when it was already buffered: pipelined).
+fn read_request(conn: &mut BracketedFd, pending: &mut Vec<u8>) -> Option<([u64; 2], Value)> {
+    let fresh = pending.is_empty();
+    conn.first = None;
+    let req = http::read_request(conn, pending).ok()??;
+    let t_read = match (fresh, conn.first) {
+        (true, Some(b)) => b,
+        _ => [0, 0],
+    };
+    Some((
+        t_read,
+        serde_json::from_slice(&req.body).unwrap_or(Value::Null),
+    ))
 }
 
 fn serve(stream: TcpStream, truth: Arc<Mutex<Option<std::fs::File>>>) {
@@ -132,7 +103,8 @@ fn serve(stream: TcpStream, truth: Arc<Mutex<Option<std::fs::File>>>) {
         .map(|a| a.to_string())
         .unwrap_or_default();
     let mut pending = Vec::new();
-    while let Some((t_read, body)) = read_request(fd, &mut pending) {
+    let mut conn = BracketedFd { fd, first: None };
+    while let Some((t_read, body)) = read_request(&mut conn, &mut pending) {
         let sim = &body["sim"];
         let get = |k: &str, d: u64| sim[k].as_u64().unwrap_or(d);
         let id = get("id", 0);
@@ -151,16 +123,25 @@ fn serve(stream: TcpStream, truth: Arc<Mutex<Option<std::fs::File>>>) {
         let mut end: Option<[u64; 2]> = None;
         if status != 200 {
             let b = json!({"error": {"message": "simulated", "code": status}}).to_string();
-            end = timed_write(fd, format!("HTTP/1.1 {status} Error\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{b}", b.len()).as_bytes(), "write");
+            end = timed_write(
+                fd,
+                http::response(status as u16, "application/json", &b).as_bytes(),
+                "write",
+            );
             ok = end.is_some();
         } else if !stream_req {
             std::thread::sleep(ttft + gap * tokens as u32);
             let b = json!({"model": model, "choices": [{"index": 0, "message": {"role": "assistant", "content": "tok ".repeat(tokens)}, "finish_reason": "length"}], "usage": {"prompt_tokens": 5, "completion_tokens": tokens}}).to_string();
-            end = timed_write(fd, format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{b}", b.len()).as_bytes(), "write");
+            end = timed_write(
+                fd,
+                http::response(200, "application/json", &b).as_bytes(),
+                "write",
+            );
             ok = end.is_some();
         } else {
             let role = json!({"model": model, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]});
-            ok &= sys_write(fd, format!("HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n{}", chunk(&format!("data: {role}\n\n"))).as_bytes(), "write");
+            let head = format!("{}{}", http::SSE_HEAD, chunk(&format!("data: {role}\n\n")));
+            ok &= sys_write(fd, head.as_bytes(), "write");
             let mut first: Option<[u64; 2]> = None;
             let mut last: Option<[u64; 2]> = None;
             for i in 0..tokens {
@@ -190,7 +171,7 @@ fn serve(stream: TcpStream, truth: Arc<Mutex<Option<std::fs::File>>>) {
                     ));
                 }
                 tail += &chunk("data: [DONE]\n\n");
-                tail += "0\r\n\r\n";
+                tail += http::LAST_CHUNK;
                 end = timed_write(fd, tail.as_bytes(), "write");
                 ok = end.is_some();
             }
@@ -226,7 +207,9 @@ fn main() {
             .expect("truth file")
     });
     let truth = Arc::new(Mutex::new(truth));
-    let l = TcpListener::bind(("127.0.0.1", port)).expect("bind");
+    let addr = opt("--addr").unwrap_or_else(|| "127.0.0.1".to_string());
+    let l = TcpListener::bind((addr.as_str(), port))
+        .unwrap_or_else(|e| panic!("simengine: cannot listen on {addr}:{port}: {e}"));
     println!("listening {}", l.local_addr().expect("addr").port());
     std::io::stdout().flush().ok();
     for s in l.incoming().flatten() {

@@ -17,7 +17,11 @@ use std::{
     time::Duration,
 };
 
-use tokentap_tests::exchange_script;
+use tokentap_tests::{
+    exchange_script,
+    http::{self, chunk},
+    now_ns, BracketedFd,
+};
 
 fn errno() -> i32 {
     std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
@@ -170,13 +174,6 @@ fn noise() {
     }
 }
 
-fn now_ns() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0)
-}
-
 /// Answers one OpenAI-style chat request with a chunked SSE stream: a
 /// role-only chunk, `n` content chunks `gap` apart (the first one `gap`
 /// after the request), a usage chunk and [DONE]. Returns, as JSON, the
@@ -184,42 +181,13 @@ fn now_ns() -> u64 {
 /// (entered once poll says data is there) and of each content write: the
 /// kernel's timestamps lie inside them even when this process is preempted.
 fn serve_sse(fd: i32, n: usize, gap: Duration) -> String {
-    let mut req = Vec::new();
-    let mut t_read = [0u64; 2];
-    let mut buf = vec![0u8; 65536];
-    loop {
-        let mut pfd = libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd.
-        unsafe { libc::poll(&mut pfd, 1, -1) };
-        let lo = now_ns();
-        let r = read_once(fd, &mut buf, "read");
-        let hi = now_ns();
-        assert!(r > 0, "request read failed");
-        if t_read[0] == 0 {
-            t_read = [lo, hi];
-        }
-        req.extend_from_slice(&buf[..r as usize]);
-        if let Some(h) = req.windows(4).position(|w| w == b"\r\n\r\n") {
-            let head = String::from_utf8_lossy(&req[..h]).to_ascii_lowercase();
-            let len: usize = head
-                .lines()
-                .find_map(|l| l.strip_prefix("content-length:"))
-                .and_then(|v| v.trim().parse().ok())
-                .unwrap_or(0);
-            if req.len() >= h + 4 + len {
-                break;
-            }
-        }
-    }
-    let chunk = |s: &str| format!("{:x}\r\n{s}\r\n", s.len());
-    let head =
-        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+    let mut conn = BracketedFd { fd, first: None };
+    http::read_request(&mut conn, &mut Vec::new())
+        .expect("request read failed")
+        .expect("the client closed before its request");
+    let t_read = conn.first.unwrap_or_default();
     let role = chunk("data: {\"model\":\"sim\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n");
-    write_all_with(fd, format!("{head}{role}").as_bytes(), "write");
+    write_all_with(fd, format!("{}{role}", http::SSE_HEAD).as_bytes(), "write");
     let mut writes = vec![];
     for i in 0..n {
         std::thread::sleep(gap);
@@ -229,7 +197,7 @@ fn serve_sse(fd: i32, n: usize, gap: Duration) -> String {
         write_all_with(fd, c.as_bytes(), if i % 2 == 0 { "writev" } else { "send" });
         writes.push([lo, now_ns()]);
     }
-    let tail = chunk(&format!("data: {{\"model\":\"sim\",\"choices\":[],\"usage\":{{\"prompt_tokens\":7,\"completion_tokens\":{n}}}}}\n\ndata: [DONE]\n\n")) + "0\r\n\r\n";
+    let tail = chunk(&format!("data: {{\"model\":\"sim\",\"choices\":[],\"usage\":{{\"prompt_tokens\":7,\"completion_tokens\":{n}}}}}\n\ndata: [DONE]\n\n")) + http::LAST_CHUNK;
     write_all_with(fd, tail.as_bytes(), "write");
     let t_end = now_ns();
     format!("done {{\"read\":{t_read:?},\"writes\":{writes:?},\"t_end\":{t_end}}}")

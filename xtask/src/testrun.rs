@@ -1,0 +1,271 @@
+//! `cargo xtask test`: runs the suite so that root tests are never
+//! reported as passed when they did not run.
+//!
+//! Tests that need root (eBPF, end to end, real peers) are `#[ignore]`d
+//! with a reason. As root (or under `CI=true`, which must be root) the
+//! suite runs with `--include-ignored`; not root, they stay ignored and the
+//! summary says how many did not run. Which tests are the root ones comes
+//! from `cargo test -- --list --ignored` (per test binary), and the run's
+//! own output says which of them ran and passed.
+//!
+//! It owns the argument plumbing (`cargo test [cargo args] -- [harness
+//! args]`) and the counting; it never decides a test's outcome itself.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    io::{BufRead, BufReader, Write},
+    process::{Command, Stdio},
+};
+
+use anyhow::{bail, Context, Result};
+
+use crate::{build, ebpf, fuzz, peers, util};
+
+/// Seconds of decoder fuzzing in `cargo xtask test`.
+const FUZZ_SECS_IN_TEST: u64 = 45;
+
+pub fn test(args: Vec<String>) -> Result<()> {
+    let ci = std::env::var("CI").is_ok_and(|v| v == "true");
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    if ci && !root {
+        bail!(
+            "CI=true but not running as root: the root tests (eBPF capture, end to end, \
+             fidelity) cannot run, and CI must not report them as passed. Run it as root \
+             (`sudo -E cargo xtask test`)"
+        );
+    }
+    let (cargo_args, harness_args) = split_args(&args);
+    if root && selects_fidelity(&args) {
+        peers()?;
+    } else if !root {
+        eprintln!(
+            "xtask: not root: the root tests will be reported as ignored; peers not installed"
+        );
+    }
+    build(false)?;
+    let obj = ebpf::object_path();
+    let cargo_test = || {
+        let mut cmd = util::cargo();
+        cmd.args(["test", "--workspace"]).args(cargo_args);
+        cmd.env("TOKENTAP_EBPF_OBJ", &obj);
+        cmd
+    };
+
+    let mut list = cargo_test();
+    list.arg("--")
+        .args(harness_args)
+        .args(["--list", "--ignored"]);
+    let (listed_ok, list_output) = merged(&mut list, false)?;
+    if !listed_ok {
+        bail!("listing the root tests failed:\n{list_output}");
+    }
+    let listed = root_tests(&list_output);
+    let n_root: usize = listed.values().map(BTreeSet::len).sum();
+
+    // Every test binary runs even when one fails, so the tally covers all.
+    let mut run = cargo_test();
+    run.arg("--no-fail-fast").arg("--").args(harness_args);
+    if root {
+        run.arg("--include-ignored");
+    }
+    let (ok, output) = merged(&mut run, true)?;
+    if root {
+        let tally = tally(&listed, &output);
+        eprintln!(
+            "xtask: root tests: {} ran, {} passed (of {n_root} selected)",
+            tally.ran, tally.passed
+        );
+        if ok && tally.ran != n_root {
+            bail!(
+                "{} of the {n_root} root tests did not report a result",
+                n_root - tally.ran
+            );
+        }
+    } else {
+        eprintln!(
+            "xtask: root tests: {n_root} not run (need root) — reported as ignored; \
+             run `sudo cargo xtask test` to run them"
+        );
+    }
+    if !ok {
+        bail!("cargo test failed");
+    }
+    if args.is_empty() {
+        // A short coverage-guided run over the decoder is part of the suite.
+        fuzz::run(FUZZ_SECS_IN_TEST)?;
+    }
+    Ok(())
+}
+
+/// `cargo xtask test -- ARGS`: the part for cargo and the part after its
+/// own `--`, for the test harness.
+fn split_args(args: &[String]) -> (&[String], &[String]) {
+    match args.iter().position(|a| a == "--") {
+        Some(i) => (&args[..i], &args[i + 1..]),
+        None => (args, &[]),
+    }
+}
+
+/// Whether a run with `args` may include the fidelity tests (which need
+/// the real peers installed): the whole suite, or a selection naming them.
+fn selects_fidelity(args: &[String]) -> bool {
+    args.is_empty() || args.iter().any(|a| a.contains("fidelity"))
+}
+
+/// The test binary a `Running …` line of cargo starts, by its path (the
+/// unique part: `unittests src/lib.rs` is printed for several crates).
+fn binary_of(line: &str) -> Option<&str> {
+    let rest = line.trim_start().strip_prefix("Running ")?;
+    let (_, path) = rest.rsplit_once(" (")?;
+    path.strip_suffix(')')
+}
+
+/// Per test binary, the names `--list --ignored` printed (`NAME: test`).
+fn root_tests(list_output: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut current = None;
+    for line in list_output.lines() {
+        if let Some(b) = binary_of(line) {
+            current = Some(b.to_string());
+        } else if line.trim_start().starts_with("Doc-tests ") {
+            current = None;
+        } else if let (Some(b), Some(name)) = (&current, line.strip_suffix(": test")) {
+            out.entry(b.clone()).or_default().insert(name.to_string());
+        }
+    }
+    out
+}
+
+#[derive(Debug, PartialEq)]
+struct Tally {
+    ran: usize,
+    passed: usize,
+}
+
+/// How many of the `listed` root tests have a result line in a run's
+/// output (`test NAME ... ok|FAILED`), and how many of those passed.
+fn tally(listed: &BTreeMap<String, BTreeSet<String>>, run_output: &str) -> Tally {
+    let mut t = Tally { ran: 0, passed: 0 };
+    let mut current: Option<&BTreeSet<String>> = None;
+    for line in run_output.lines() {
+        if let Some(b) = binary_of(line) {
+            current = listed.get(b);
+            continue;
+        }
+        if line.trim_start().starts_with("Doc-tests ") {
+            current = None;
+            continue;
+        }
+        let Some(root) = current else { continue };
+        let Some((name, result)) = line
+            .strip_prefix("test ")
+            .and_then(|l| l.split_once(" ... "))
+        else {
+            continue;
+        };
+        if !root.contains(name) {
+            continue;
+        }
+        match result.trim() {
+            "ok" => {
+                t.ran += 1;
+                t.passed += 1;
+            }
+            "FAILED" => t.ran += 1,
+            _ => {}
+        }
+    }
+    t
+}
+
+/// Runs `cmd` with its stdout and stderr merged in one pipe (so cargo's
+/// `Running …` lines stay in order with the harness output), echoing
+/// everything to stderr when `echo`; returns whether it succeeded and what
+/// it printed.
+fn merged(cmd: &mut Command, echo: bool) -> Result<(bool, String)> {
+    eprintln!("xtask: running {cmd:?}");
+    let (reader, writer) = std::io::pipe().context("pipe")?;
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(writer.try_clone().context("pipe")?)
+        .stderr(writer)
+        .spawn()
+        .with_context(|| format!("cannot start {:?}", cmd.get_program()))?;
+    // `cmd` still holds the write end: replace it, or EOF never arrives.
+    cmd.stdout(Stdio::null()).stderr(Stdio::null());
+    let mut all = String::new();
+    let mut err = std::io::stderr();
+    for line in BufReader::new(reader).lines() {
+        let line = line.context("reading cargo test output")?;
+        if echo {
+            let _ = writeln!(err, "{line}");
+        }
+        all.push_str(&line);
+        all.push('\n');
+    }
+    let st = child.wait().context("waiting for cargo test")?;
+    Ok((st.success(), all))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIST: &str = "\
+     Running unittests src/lib.rs (target/debug/deps/tokentap-1111)
+0 tests, 0 benchmarks
+     Running tests/live.rs (target/debug/deps/live-2222)
+two_hundred: test
+discovery: test
+
+2 tests, 0 benchmarks
+     Running unittests src/lib.rs (target/debug/deps/tokentap_tests-3333)
+0 tests, 0 benchmarks
+     Running tests/otlp.rs (target/debug/deps/otlp-4444)
+export: test
+";
+
+    #[test]
+    fn root_tests_are_listed_per_binary() {
+        let l = root_tests(LIST);
+        assert_eq!(l.len(), 2);
+        assert_eq!(l["target/debug/deps/live-2222"].len(), 2);
+        assert!(l["target/debug/deps/otlp-4444"].contains("export"));
+    }
+
+    #[test]
+    fn only_root_tests_with_a_result_count_and_a_same_named_plain_test_does_not() {
+        let run = "\
+     Running tests/live.rs (target/debug/deps/live-2222)
+running 3 tests
+test plain ... ok
+test two_hundred ... ok
+test discovery ... FAILED
+     Running unittests src/lib.rs (target/debug/deps/tokentap-1111)
+test export ... ok
+     Running tests/otlp.rs (target/debug/deps/otlp-4444)
+test export ... ignored, needs root: loads eBPF
+";
+        assert_eq!(tally(&root_tests(LIST), run), Tally { ran: 2, passed: 1 });
+    }
+
+    #[test]
+    fn harness_args_are_those_after_the_users_own_double_dash() {
+        let a: Vec<String> = ["-p", "x", "--", "name", "--nocapture"]
+            .map(String::from)
+            .to_vec();
+        let (c, h) = split_args(&a);
+        assert_eq!(c, ["-p", "x"]);
+        assert_eq!(h, ["name", "--nocapture"]);
+        let b: Vec<String> = ["--test", "live"].map(String::from).to_vec();
+        assert_eq!(split_args(&b), (&b[..], &[][..]));
+    }
+
+    #[test]
+    fn peers_are_needed_for_the_whole_suite_or_a_fidelity_selection_only() {
+        assert!(selects_fidelity(&[]));
+        assert!(selects_fidelity(&["--test".into(), "fidelity".into()]));
+        assert!(!selects_fidelity(&["--test".into(), "live".into()]));
+    }
+}
