@@ -15,6 +15,10 @@ use tokentap::{
     source::EventSource,
 };
 
+const EBPF_ENV_HELP: &str = "Environment: TOKENTAP_EBPF_OBJECT=PATH loads the eBPF programs from PATH \
+instead of the ones built into this binary (for testing; the object's record-layout version must \
+match this agent's, or it is refused). RUST_LOG=info|debug for diagnostics.";
+
 /// tokentap measures LLM inference services (TTFT, TPOT, tokens, request
 /// rate) from the kernel: eBPF programs timestamp an engine's socket reads
 /// and writes, so nothing in the engine changes.
@@ -44,6 +48,7 @@ enum Cmd {
     /// among processes listening on TCP) and keeps looking every 5 s.
     ///
     /// Example: tokentap run --port 8000 --requests-log requests.jsonl --otlp-endpoint http://127.0.0.1:4317
+    #[command(after_help = EBPF_ENV_HELP)]
     Run(RunFlags),
     /// Record the raw socket traffic of processes to a capture file.
     ///
@@ -53,6 +58,7 @@ enum Cmd {
     /// reproduce anything seen in the field without root.
     ///
     /// Example: tokentap capture --port 8000 --out llm.jsonl --duration 60
+    #[command(after_help = EBPF_ENV_HELP)]
     Capture(CaptureArgs),
     /// Read a capture file back through the same event stream the live
     /// agent uses.

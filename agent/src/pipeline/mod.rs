@@ -31,7 +31,7 @@ use anyhow::Result;
 
 use self::{enrich::Enricher, health::Health};
 use crate::{
-    capture::{Capture, CaptureStats},
+    capture::{Capture, CaptureStats, ProcEvent},
     decode::Decoder,
     event::SocketEvent,
     record::Finished,
@@ -72,15 +72,20 @@ pub struct ProcessInfo {
 
 /// Periodic work beside the data path (finding engines, sampling GPUs).
 pub trait Task {
-    /// Runs once per pipeline tick. `capture` is the live capture (None when
-    /// replaying); events it produces (e.g. seeded connections of a new
-    /// target) go into `events`.
-    fn tick(
-        &mut self,
-        capture: Option<&mut Capture>,
-        node: &mut NodeState,
-        events: &mut Vec<SocketEvent>,
-    ) -> Result<()>;
+    /// Runs once per pipeline tick.
+    fn tick(&mut self, cx: &mut TaskCx<'_>) -> Result<()>;
+}
+
+/// What a task may use at a tick.
+pub struct TaskCx<'a> {
+    /// The live capture (None when replaying).
+    pub capture: Option<&'a mut Capture>,
+    pub node: &'a mut NodeState,
+    /// Socket events a task produces (seeded connections of a new target)
+    /// go here, into the next batch.
+    pub events: &'a mut Vec<SocketEvent>,
+    /// Process events (exec, fork, exit) since the last tick.
+    pub proc_events: &'a [ProcEvent],
 }
 
 /// Decoder, enrichers and sinks, fed one batch of events at a time.

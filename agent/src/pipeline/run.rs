@@ -8,7 +8,8 @@ use std::{path::Path, sync::Arc, time::Duration};
 use anyhow::Result;
 
 use super::{
-    enrich::EngineName, health::Health, plan::RunPlan, targets::Targeter, Pipeline, Task, TICK,
+    enrich::EngineName, health::Health, plan::RunPlan, targets::Targeter, Pipeline, Task, TaskCx,
+    TICK,
 };
 use crate::{
     capfile::Writer, capture::Capture, console::ConsoleSink, metrics::Metrics, record::RequestLog,
@@ -63,6 +64,7 @@ pub async fn run(plan: RunPlan) -> Result<()> {
     eprintln!("{ready}");
     let mut src = EventSource::Live(Box::new(cap));
     let mut tasks: Vec<Box<dyn Task>> = vec![Box::new(targeter)];
+    let mut procs = Vec::new();
 
     let end = deadline(plan.duration);
     tokio::pin!(end);
@@ -76,9 +78,18 @@ pub async fn run(plan: RunPlan) -> Result<()> {
         tokio::select! {
             res = src.next_batch(&mut batch) => { res?; }
             _ = tick.tick() => {
-                for t in &mut tasks {
-                    t.tick(src.live_mut(), &mut pipe.node, &mut batch)?;
+                if let Some(cap) = src.live_mut() {
+                    cap.take_proc_events(&mut procs);
                 }
+                for t in &mut tasks {
+                    t.tick(&mut TaskCx {
+                        capture: src.live_mut(),
+                        node: &mut pipe.node,
+                        events: &mut batch,
+                        proc_events: &procs,
+                    })?;
+                }
+                procs.clear();
                 pipe.tick(src.capture_stats().as_ref())?;
             }
             _ = &mut end => break,

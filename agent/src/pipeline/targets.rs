@@ -12,16 +12,16 @@
 //! [`EngineName`]: super::enrich::EngineName
 
 use std::{
-    collections::HashSet,
-    path::PathBuf,
+    collections::{HashSet, VecDeque},
+    path::{Path, PathBuf},
     time::{Duration, Instant},
 };
 
 use anyhow::Result;
 
-use super::{plan::Targeting, NodeState, ProcessInfo, Task};
+use super::{plan::Targeting, NodeState, ProcessInfo, Task, TaskCx};
 use crate::{
-    capture::{procfs, Capture},
+    capture::{procfs, Capture, ProcEvent},
     discover,
     event::SocketEvent,
 };
@@ -30,6 +30,21 @@ use crate::{
 pub const RESCAN: Duration = Duration::from_secs(5);
 /// How long a `--pid` tree may go without a TCP listener before a warning.
 pub const NO_LISTENER_WARNING_AFTER: Duration = Duration::from_secs(10);
+/// A freshly exec'd process is checked every tick for this long (an
+/// engine loads its model before it listens).
+pub const WATCH_NEW_PROCESS: Duration = Duration::from_secs(120);
+/// New processes watched at once at most (a busy host execs a lot; the
+/// full rescan still finds what falls out).
+pub const WATCH_MAX: usize = 256;
+
+/// The TCP ports `pid` listens on, in its own network namespace.
+fn listening(proc_root: &Path, pid: u32) -> HashSet<u16> {
+    let owned = procfs::socket_fds(proc_root, pid);
+    if owned.is_empty() {
+        return HashSet::new();
+    }
+    procfs::listening_ports(&procfs::tcp_table(proc_root, pid), &owned)
+}
 
 pub struct Targeter {
     targeting: Targeting,
@@ -41,6 +56,11 @@ pub struct Targeter {
     warned_no_listener: bool,
     /// Targets seen alive at the last tick.
     alive: HashSet<u32>,
+    /// Processes that exec'd recently, checked every tick until they
+    /// listen (then targeted), exit, or [`WATCH_NEW_PROCESS`] passes.
+    watch: VecDeque<(u32, Instant)>,
+    /// Exec events arrive (the kernel side reports them).
+    exec_seen: bool,
 }
 
 impl Targeter {
@@ -53,6 +73,8 @@ impl Targeter {
             waiting: false,
             warned_no_listener: false,
             alive: HashSet::new(),
+            watch: VecDeque::new(),
+            exec_seen: false,
         }
     }
 
@@ -149,8 +171,11 @@ impl Targeter {
     fn due(&self, cap: &Capture) -> bool {
         let since = self.last_scan.map_or(Duration::MAX, |t| t.elapsed());
         match &self.targeting {
-            // Nothing alive on the port: look every tick.
-            Targeting::Ports(_) if cap.targets().is_empty() => true,
+            // Nothing alive on the port: look every tick until process
+            // events (exec) have told us about new processes once; from
+            // then on, new processes are watched and the full scan is a
+            // backstop.
+            Targeting::Ports(_) if cap.targets().is_empty() && !self.exec_seen => true,
             _ => since >= RESCAN,
         }
     }
@@ -163,12 +188,10 @@ impl Targeter {
         if self.warned_no_listener || self.started.elapsed() < NO_LISTENER_WARNING_AFTER {
             return;
         }
-        let listens = cap.targets().iter().any(|&pid| {
-            let owned = procfs::socket_fds(&self.proc_root, pid);
-            !owned.is_empty()
-                && !procfs::listening_ports(&procfs::tcp_table(&self.proc_root, pid), &owned)
-                    .is_empty()
-        });
+        let listens = cap
+            .targets()
+            .iter()
+            .any(|&pid| !listening(&self.proc_root, pid).is_empty());
         if !listens {
             self.warned_no_listener = true;
             eprintln!(
@@ -180,19 +203,95 @@ impl Targeter {
     }
 }
 
-impl Task for Targeter {
-    fn tick(
+impl Targeter {
+    /// Process events: an exec may be a new engine (watched until it
+    /// listens), or a target becoming its server (`sh -c 'exec server'`:
+    /// same pid, new command line, new engine name); a fork's child is
+    /// named like any target.
+    fn on_proc_events(&mut self, events: &[ProcEvent], cap: &Capture, node: &mut NodeState) {
+        let targets: HashSet<u32> = cap.targets().into_iter().collect();
+        for ev in events {
+            match *ev {
+                ProcEvent::Exec { pid, .. } => {
+                    self.exec_seen = true;
+                    if targets.contains(&pid) {
+                        self.name(pid, node);
+                    } else if !matches!(self.targeting, Targeting::Pids { .. }) {
+                        let wanted = match self.targeting {
+                            // Only command lines that name an engine.
+                            Targeting::Discover => {
+                                discover::engine_of(&self.proc_root, pid).is_some()
+                            }
+                            _ => true,
+                        };
+                        if wanted {
+                            if self.watch.len() >= WATCH_MAX {
+                                self.watch.pop_front();
+                            }
+                            self.watch.push_back((pid, Instant::now()));
+                        }
+                    }
+                }
+                ProcEvent::Fork { child, .. } => {
+                    self.name(child, node);
+                }
+                ProcEvent::Exit { .. } => {}
+            }
+        }
+    }
+
+    /// Watched new processes that listen now (on a selected port) become
+    /// targets.
+    fn check_watched(
         &mut self,
-        capture: Option<&mut Capture>,
+        cap: &mut Capture,
         node: &mut NodeState,
         events: &mut Vec<SocketEvent>,
     ) -> Result<()> {
-        let Some(cap) = capture else {
+        let mut keep = VecDeque::with_capacity(self.watch.len());
+        while let Some((pid, since)) = self.watch.pop_front() {
+            if since.elapsed() > WATCH_NEW_PROCESS
+                || !self.proc_root.join(pid.to_string()).exists()
+            {
+                continue;
+            }
+            let ports = listening(&self.proc_root, pid);
+            let hit = match &self.targeting {
+                Targeting::Ports(want) => want.iter().any(|p| ports.contains(p)),
+                _ => !ports.is_empty(),
+            };
+            if !hit {
+                keep.push_back((pid, since));
+                continue;
+            }
+            if cap.add_target(pid, events)? {
+                let engine = self.name(pid, node);
+                eprintln!(
+                    "tokentap: found pid {pid} ({}) listening on port(s) {:?}",
+                    engine.as_deref().unwrap_or("engine not recognised"),
+                    {
+                        let mut v: Vec<u16> = ports.into_iter().collect();
+                        v.sort_unstable();
+                        v
+                    }
+                );
+            }
+        }
+        self.watch = keep;
+        Ok(())
+    }
+}
+
+impl Task for Targeter {
+    fn tick(&mut self, cx: &mut TaskCx<'_>) -> Result<()> {
+        let Some(cap) = cx.capture.as_deref_mut() else {
             return Ok(());
         };
         let before = self.alive.clone();
+        self.on_proc_events(cx.proc_events, cap, cx.node);
+        self.check_watched(cap, cx.node, cx.events)?;
         if self.due(cap) {
-            self.scan(cap, node, events)?;
+            self.scan(cap, cx.node, cx.events)?;
         }
         let now: HashSet<u32> = cap.targets().into_iter().collect();
         if let Targeting::Ports(ports) = &self.targeting {
