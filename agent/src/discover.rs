@@ -130,7 +130,12 @@ mod tests {
     fn only_known_engines_that_listen_on_tcp_are_found() {
         let root = std::env::temp_dir().join(format!("tokentap-discover-{}", std::process::id()));
         let _ = fs::remove_dir_all(&root);
-        fake_proc(&root, 100, "python3 -m vllm.entrypoints.openai.api_server", true);
+        fake_proc(
+            &root,
+            100,
+            "python3 -m vllm.entrypoints.openai.api_server",
+            true,
+        );
         // The same engine's CLI client: no listening socket.
         fake_proc(&root, 101, "vllm chat --url http://x", false);
         // Listens, but is not an inference server.

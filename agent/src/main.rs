@@ -15,7 +15,8 @@ use tokentap::{
     source::EventSource,
 };
 
-const EBPF_ENV_HELP: &str = "Environment: TOKENTAP_EBPF_OBJECT=PATH loads the eBPF programs from PATH \
+const EBPF_ENV_HELP: &str =
+    "Environment: TOKENTAP_EBPF_OBJECT=PATH loads the eBPF programs from PATH \
 instead of the ones built into this binary (for testing; the object's record-layout version must \
 match this agent's, or it is refused). RUST_LOG=info|debug for diagnostics.";
 

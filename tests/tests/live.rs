@@ -523,3 +523,81 @@ fn an_engine_in_its_own_network_namespace_started_after_the_agent_and_restarted_
         );
     }
 }
+
+#[test]
+#[ignore = "needs root: loads eBPF (cargo xtask test runs it as root)"]
+fn an_engine_started_after_the_agent_is_found_from_its_exec_within_seconds() {
+    assert_root("discovery after start");
+    let dir = scratch_dir("discover-late");
+    let log_path = dir.join("requests.jsonl");
+    let (mut agent, agent_out) = start(
+        Command::new(tokentap_bin())
+            .args(["run", "--no-console", "--requests-log"])
+            .arg(&log_path),
+        "; ready",
+        "tokentap run",
+    );
+    // Let the first full scan pass, so only the exec event can find it
+    // before the next one (5 s later).
+    std::thread::sleep(Duration::from_millis(1500));
+    let (engine, port, _) = start_simengine(
+        Path::new(env!("CARGO_BIN_EXE_simengine")),
+        &["--label", "llama-server"],
+    );
+    let listening = std::time::Instant::now();
+    let found = format!("found pid {}", engine.0.id());
+    let mut lines = vec![];
+    let latency = loop {
+        match agent_out.recv_timeout(Duration::from_secs(10)) {
+            Ok(l) if l.contains(&found) => break listening.elapsed(),
+            Ok(l) => lines.push(l),
+            Err(_) => panic!("the engine was not found within 10 s: {lines:?}"),
+        }
+    };
+    eprintln!("engine found {latency:?} after it listened");
+    assert!(
+        latency < Duration::from_millis(3500),
+        "found only after {latency:?}: the exec event should find it within ~1 s (the full rescan runs every 5 s)"
+    );
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    assert!(exchange(&mut s, 0, 30));
+    std::thread::sleep(Duration::from_millis(300));
+    let (ok, stderr) = interrupt(&mut agent, agent_out);
+    assert!(ok, "tokentap run failed: {stderr:?}");
+    let recs = read_jsonl(&log_path);
+    assert_eq!(recs.len(), 1, "{stderr:?}");
+    assert_eq!(recs[0]["provider"], "llama.cpp");
+    assert_eq!(recs[0]["pid"], engine.0.id());
+}
+
+#[test]
+#[ignore = "needs root: loads eBPF (cargo xtask test runs it as root)"]
+fn a_pid_whose_tree_never_listens_gets_one_clear_warning() {
+    assert_root("pid without listener");
+    let mut idle = tokentap_tests::Running(
+        Command::new("sh")
+            .args(["-c", "sleep 60 & wait"])
+            .spawn()
+            .expect("spawn sh"),
+    );
+    let (mut agent, agent_out) = start(
+        Command::new(tokentap_bin()).args([
+            "run",
+            "--no-console",
+            "--pid",
+            &idle.0.id().to_string(),
+        ]),
+        "; ready",
+        "tokentap run",
+    );
+    std::thread::sleep(Duration::from_secs(13));
+    let (ok, stderr) = interrupt(&mut agent, agent_out);
+    let _ = idle.0.kill();
+    assert!(ok, "tokentap run failed: {stderr:?}");
+    let warnings: Vec<_> = stderr
+        .iter()
+        .filter(|l| l.contains("listens on a TCP port"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "exactly one warning: {stderr:?}");
+    assert!(warnings[0].contains(&format!("--pid [{}]", idle.0.id())));
+}

@@ -13,7 +13,7 @@ use std::{
 };
 
 use serde_json::Value;
-use tokentap_tests::{exchange_script, assert_root, payload, scratch_dir, tokentap_bin, Agent};
+use tokentap_tests::{assert_root, exchange_script, payload, scratch_dir, tokentap_bin, Agent};
 
 /// A process driven line by line over stdin/stdout, like `Peer`, but
 /// started by any command (a shell wrapper around `sockpeer`, `unshare`,

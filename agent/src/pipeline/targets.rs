@@ -250,8 +250,7 @@ impl Targeter {
     ) -> Result<()> {
         let mut keep = VecDeque::with_capacity(self.watch.len());
         while let Some((pid, since)) = self.watch.pop_front() {
-            if since.elapsed() > WATCH_NEW_PROCESS
-                || !self.proc_root.join(pid.to_string()).exists()
+            if since.elapsed() > WATCH_NEW_PROCESS || !self.proc_root.join(pid.to_string()).exists()
             {
                 continue;
             }
