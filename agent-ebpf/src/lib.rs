@@ -15,7 +15,7 @@
 /// Bumped whenever a layout below changes. The kernel object carries it in
 /// its [`ABI_SECTION`] ELF section; the agent compares the two before
 /// loading and refuses a mismatch.
-pub const ABI_VERSION: u32 = 4;
+pub const ABI_VERSION: u32 = 5;
 
 /// ELF section of the kernel object holding [`ABI_VERSION`] as a
 /// little-endian u32.
@@ -59,6 +59,10 @@ pub enum RecordKind {
     /// kernel has already added the child to `TARGETS`. `tgid`/`tid`: the
     /// parent; `ret`: the child's pid.
     Fork = 6,
+    /// Some process on the host called listen(2) on `fd` (enter; whether it
+    /// succeeded and on which port, userspace checks): the moment a new
+    /// server becomes reachable.
+    Listen = 7,
 }
 
 impl RecordKind {
@@ -70,6 +74,7 @@ impl RecordKind {
             4 => Self::Exec,
             5 => Self::Exit,
             6 => Self::Fork,
+            7 => Self::Listen,
             _ => return None,
         })
     }

@@ -1,4 +1,5 @@
-//! Process lifecycle: every exec (with the new comm, for discovery), the
+//! Process lifecycle: every exec (with the new comm, for discovery), every
+//! listen (a new server becomes reachable), the
 //! fork of a new process by a target (the child becomes a target here, in
 //! the kernel, before it first runs), and the exit of targeted thread
 //! groups (removed from TARGETS here, so a recycled pid is not captured).
@@ -191,4 +192,22 @@ pub fn fork_compact(ctx: TracePointContext) -> u32 {
 #[tracepoint]
 pub fn fork_legacy(ctx: TracePointContext) -> u32 {
     on_fork(ctx_u32::<44>(&ctx))
+}
+
+/// Every listen(2) on the host, so userspace can target a new server the
+/// moment it becomes reachable (`--port`, discovery) instead of at its next
+/// scan. listen is rare; a process pays one ring-buffer record per call.
+#[tracepoint]
+pub fn sys_enter_listen(ctx: TracePointContext) -> u32 {
+    let id = bpf_get_current_pid_tgid();
+    let h = RecordHeader {
+        ts_ns: unsafe { bpf_ktime_get_ns() },
+        tgid: (id >> 32) as u32,
+        tid: id as u32,
+        fd: arg::<0>(&ctx) as i32,
+        kind: RecordKind::Listen as u8,
+        ..RecordHeader::default()
+    };
+    send(&h);
+    0
 }

@@ -25,6 +25,9 @@ pub enum ProcEvent {
     Fork { parent: u32, child: u32 },
     /// A target's last thread exited; it is no longer captured.
     Exit { pid: u32 },
+    /// Some process on the host called listen(2) on `fd` (it may have
+    /// failed: check the process's sockets).
+    Listen { pid: u32, fd: i32 },
 }
 
 /// The command name in an exec record's 16-byte payload.
@@ -72,6 +75,10 @@ impl State {
             Some(RecordKind::Exec) => self.push_proc(ProcEvent::Exec {
                 pid: h.tgid,
                 comm: comm_of(payload),
+            }),
+            Some(RecordKind::Listen) => self.push_proc(ProcEvent::Listen {
+                pid: h.tgid,
+                fd: h.fd,
             }),
             None => {}
         }

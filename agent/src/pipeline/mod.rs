@@ -72,7 +72,9 @@ pub struct ProcessInfo {
 
 /// Periodic work beside the data path (finding engines, sampling GPUs).
 pub trait Task {
-    /// Runs once per pipeline tick.
+    /// Runs once per pipeline tick, and as soon as process events arrive
+    /// (then possibly several times a second: keep the work proportional to
+    /// what changed, and rate-limit full scans yourself).
     fn tick(&mut self, cx: &mut TaskCx<'_>) -> Result<()>;
 }
 

@@ -12,7 +12,12 @@ use super::{
     TICK,
 };
 use crate::{
-    capfile::Writer, capture::Capture, console::ConsoleSink, metrics::Metrics, record::RequestLog,
+    capfile::Writer,
+    capture::{Capture, ProcEvent},
+    console::ConsoleSink,
+    event::SocketEvent,
+    metrics::Metrics,
+    record::RequestLog,
     source::EventSource,
 };
 
@@ -76,20 +81,19 @@ pub async fn run(plan: RunPlan) -> Result<()> {
     loop {
         pipe.events(&mut batch)?;
         tokio::select! {
-            res = src.next_batch(&mut batch) => { res?; }
-            _ = tick.tick() => {
+            res = src.next_batch(&mut batch) => {
+                res?;
+                // Process events (a new server's exec or listen) are acted
+                // on as they arrive, not at the next tick.
                 if let Some(cap) = src.live_mut() {
                     cap.take_proc_events(&mut procs);
                 }
-                for t in &mut tasks {
-                    t.tick(&mut TaskCx {
-                        capture: src.live_mut(),
-                        node: &mut pipe.node,
-                        events: &mut batch,
-                        proc_events: &procs,
-                    })?;
+                if !procs.is_empty() {
+                    run_tasks(&mut tasks, &mut src, &mut pipe, &mut batch, &mut procs)?;
                 }
-                procs.clear();
+            }
+            _ = tick.tick() => {
+                run_tasks(&mut tasks, &mut src, &mut pipe, &mut batch, &mut procs)?;
                 pipe.tick(src.capture_stats().as_ref())?;
             }
             _ = &mut end => break,
@@ -107,6 +111,25 @@ pub async fn run(plan: RunPlan) -> Result<()> {
         serde_json::to_string(&stats.unwrap_or_default()).unwrap_or_default(),
         sum.decode
     );
+    Ok(())
+}
+
+fn run_tasks(
+    tasks: &mut [Box<dyn Task>],
+    src: &mut EventSource,
+    pipe: &mut Pipeline,
+    batch: &mut Vec<SocketEvent>,
+    procs: &mut Vec<ProcEvent>,
+) -> Result<()> {
+    for t in tasks.iter_mut() {
+        t.tick(&mut TaskCx {
+            capture: src.live_mut(),
+            node: &mut pipe.node,
+            events: batch,
+            proc_events: procs,
+        })?;
+    }
+    procs.clear();
     Ok(())
 }
 

@@ -206,8 +206,8 @@ impl Targeter {
 impl Targeter {
     /// Process events: an exec may be a new engine (watched until it
     /// listens), or a target becoming its server (`sh -c 'exec server'`:
-    /// same pid, new command line, new engine name); a fork's child is
-    /// named like any target.
+    /// same pid, new command line, new engine name); a listen is checked
+    /// at once; a fork's child is named like any target.
     fn on_proc_events(&mut self, events: &[ProcEvent], cap: &Capture, node: &mut NodeState) {
         let targets: HashSet<u32> = cap.targets().into_iter().collect();
         for ev in events {
@@ -216,28 +216,38 @@ impl Targeter {
                     self.exec_seen = true;
                     if targets.contains(&pid) {
                         self.name(pid, node);
-                    } else if !matches!(self.targeting, Targeting::Pids { .. }) {
-                        let wanted = match self.targeting {
-                            // Only command lines that name an engine.
-                            Targeting::Discover => {
-                                discover::engine_of(&self.proc_root, pid).is_some()
-                            }
-                            _ => true,
-                        };
-                        if wanted {
-                            if self.watch.len() >= WATCH_MAX {
-                                self.watch.pop_front();
-                            }
-                            self.watch.push_back((pid, Instant::now()));
-                        }
+                    } else {
+                        self.watch_new(pid);
                     }
                 }
+                // A server became reachable: checked at once (it may also
+                // have been watched since its exec).
+                ProcEvent::Listen { pid, .. } if !targets.contains(&pid) => self.watch_new(pid),
+                ProcEvent::Listen { .. } => {}
                 ProcEvent::Fork { child, .. } => {
                     self.name(child, node);
                 }
                 ProcEvent::Exit { .. } => {}
             }
         }
+    }
+
+    /// Watch `pid` (a new process, or one that just called listen) until it
+    /// listens on a port we want; only processes that can become targets.
+    fn watch_new(&mut self, pid: u32) {
+        let wanted = match self.targeting {
+            Targeting::Pids { .. } => false,
+            // Only command lines that name an engine.
+            Targeting::Discover => discover::engine_of(&self.proc_root, pid).is_some(),
+            Targeting::Ports(_) => true,
+        };
+        if !wanted || self.watch.iter().any(|(p, _)| *p == pid) {
+            return;
+        }
+        if self.watch.len() >= WATCH_MAX {
+            self.watch.pop_front();
+        }
+        self.watch.push_back((pid, Instant::now()));
     }
 
     /// Watched new processes that listen now (on a selected port) become
