@@ -12,6 +12,7 @@ pub mod console;
 pub mod decode;
 pub mod discover;
 pub mod event;
+pub mod gpu;
 pub mod metrics;
 pub mod pipeline;
 pub mod record;

@@ -1,0 +1,56 @@
+//! What a GPU sample says: the contract between the NVML sampler
+//! (`gpu/sampler.rs`), the engine ↔ GPU join (`gpu/join.rs`) and the OTLP
+//! GPU instruments. Plain data: no NVML types leak past the sampler.
+//!
+//! Owns: the sample types and their units. Must not: call NVML.
+
+/// One sampling pass over every GPU (and MIG instance) NVML shows.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct GpuSample {
+    /// Wall-clock UNIX-epoch nanoseconds when the pass started.
+    pub ts_ns: u64,
+    pub devices: Vec<DeviceSample>,
+}
+
+/// One device at one instant. Every reading is optional: a call that
+/// failed or is not supported on this device leaves only its field empty.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DeviceSample {
+    /// NVML index (of the parent GPU for a MIG instance).
+    pub index: u32,
+    /// `GPU-…` UUID (`MIG-…` for a MIG instance): `hw.id`.
+    pub uuid: String,
+    /// Product name: `hw.name`.
+    pub name: String,
+    /// The parent GPU's UUID for a MIG instance: `hw.parent`.
+    pub parent_uuid: Option<String>,
+    /// GPU utilisation over NVML's last sample period, fraction 0–1.
+    pub util_gpu: Option<f64>,
+    /// Memory-controller utilisation, fraction 0–1.
+    pub util_memory_controller: Option<f64>,
+    pub memory_used_bytes: Option<u64>,
+    pub memory_total_bytes: Option<u64>,
+    pub power_w: Option<f64>,
+    /// Total energy since the driver loaded, in millijoules (a counter; it
+    /// resets when the driver reloads).
+    pub energy_total_mj: Option<u64>,
+    pub temperature_c: Option<f64>,
+    pub sm_clock_mhz: Option<u32>,
+    /// Active clock throttle / event reasons other than idle, as names
+    /// (`sw_power_cap`, `hw_slowdown`, `sw_thermal_slowdown`,
+    /// `hw_thermal_slowdown`, `hw_power_brake_slowdown`, `sync_boost`,
+    /// `applications_clocks_setting`, `display_clock_setting`, …); empty:
+    /// not throttled; None: unknown.
+    pub throttle_reasons: Option<Vec<String>>,
+    /// Processes with a context on this device (compute and graphics lists
+    /// merged by pid), host PIDs.
+    pub processes: Vec<GpuProcess>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GpuProcess {
+    pub pid: u32,
+    /// GPU memory the process holds on this device; None when NVML cannot
+    /// say (e.g. under some virtualisation / MIG set-ups).
+    pub used_bytes: Option<u64>,
+}
