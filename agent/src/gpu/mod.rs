@@ -1,4 +1,5 @@
 //! GPU state next to request metrics: NVML sampling, the engine ↔ GPU map,
 //! per-request GPU fields and energy attribution.
 
+pub mod join;
 pub mod types;
