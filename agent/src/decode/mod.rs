@@ -1,28 +1,30 @@
-//! Socket events → finished requests. One HTTP/1.1 state machine per
-//! connection (requests and responses framed by Content-Length, chunked
-//! transfer or connection close; keep-alive, pipelining, `100 Continue`),
-//! response bodies decoded as SSE, NDJSON or a whole JSON body, and each
-//! event interpreted by the engine format of its endpoint (`engines`).
+//! Socket events → finished requests. This module is the per-connection
+//! dispatcher: it sniffs each connection's protocol from its first bytes
+//! and hands every later call to that protocol's machine (`http1`).
+//! Response bodies are decoded as SSE, NDJSON or a whole JSON body
+//! (`body`, `stream`), and each event is interpreted by the engine format
+//! of its endpoint (`engines`).
 //!
-//! Owns: per-connection parsing state and its bounds. Must not: read a
-//! clock (every time comes from events), hold unbounded memory, or panic on
-//! any input (hostile bytes end in a record with `error_type`, or nothing).
+//! An HTTP/2 connection (its client preface, or a server's first SETTINGS
+//! frame) or one switched away by `101 Switching Protocols` is counted once
+//! in `DecodeStats::unsupported_protocol` and then ignored. Following a new
+//! protocol is adding its machine as a module and an arm of `Proto`.
+//!
+//! Owns: the connection table and the counters. Must not: read a clock
+//! (every time comes from events), hold unbounded memory, or panic on any
+//! input (hostile bytes end in a record with `error_type`, or nothing).
 
-pub mod chunked;
+pub mod body;
 pub mod engines;
 pub mod exchange;
+pub mod http1;
 pub mod stream;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 
 use serde::Serialize;
 
-use self::{
-    chunked::Chunked,
-    engines::{interpret, provider_from_server_header, request_info, Format},
-    exchange::Exchange,
-    stream::{Ndjson, Sse},
-};
+use self::http1::Http1Conn;
 use crate::{
     event::{DataEvent, Dir, Role, SocketEvent},
     record::Finished,
@@ -36,7 +38,9 @@ pub const MAX_REQUEST_BODY: usize = 1 << 20;
 pub const MAX_RESPONSE_BODY: usize = 4 << 20;
 /// Requests waiting for their response on one connection (pipelining).
 pub const MAX_PIPELINE: usize = 64;
-const MAX_HEADERS: usize = 96;
+
+/// The HTTP/2 client connection preface (RFC 9113 §3.4).
+pub const HTTP2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 /// Counters of what decoding saw; exported as the agent's health.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -57,80 +61,171 @@ pub struct DecodeStats {
     pub unsupported_protocol: u64,
 }
 
-enum Framing {
-    None,
-    Length(u64),
-    Chunked(Chunked),
-    UntilClose,
+/// What a connection is, as its open event said.
+pub struct ConnInfo {
+    pub pid: u32,
+    pub role: Role,
+    pub server_port: Option<u16>,
+    pub client: Option<String>,
 }
 
-enum Body {
-    Sse(Sse),
-    Ndjson(Ndjson),
-    Plain { buf: Vec<u8>, complete: bool },
+impl ConnInfo {
+    /// The direction requests travel: `in` on servers, `out` on clients.
+    pub fn request_dir(&self) -> Dir {
+        match self.role {
+            Role::Server => Dir::In,
+            Role::Client => Dir::Out,
+        }
+    }
 }
 
-enum ReqState {
-    Head {
-        buf: Vec<u8>,
-        start_ns: Option<u64>,
-    },
-    Body {
-        seq: u64,
-        framing: Framing,
-        buf: Vec<u8>,
-        complete: bool,
-    },
+/// One call's bytes as a protocol machine sees them.
+#[derive(Clone, Copy)]
+pub struct Piece<'a> {
+    pub ts_ns: u64,
+    pub dir: Dir,
+    /// The call's return value (bytes moved, 0 or a negative errno);
+    /// `data` is shorter when the capture truncated the call.
+    pub ret: i64,
+    pub data: &'a [u8],
 }
 
-enum RespState {
-    Head {
-        buf: Vec<u8>,
-    },
-    Body {
-        framing: Framing,
-        body: Body,
-        head_request: bool,
-    },
+impl<'a> Piece<'a> {
+    fn of(d: &'a DataEvent) -> Self {
+        Piece {
+            ts_ns: d.ts_ns,
+            dir: d.dir,
+            ret: d.ret,
+            data: &d.data,
+        }
+    }
+}
+
+/// What a protocol machine says after a call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flow {
+    Continue,
+    /// The connection switched to a protocol no machine here follows.
+    Unsupported,
+}
+
+/// Where machines put what they finish: the counters, the exchange
+/// numbering and the records.
+pub struct Out<'a> {
+    pub stats: &'a mut DecodeStats,
+    next_seq: &'a mut u64,
+    records: &'a mut Vec<Finished>,
+}
+
+impl Out<'_> {
+    pub fn emit(&mut self, r: Finished) {
+        self.stats.records += 1;
+        self.records.push(r);
+    }
+
+    /// A new exchange's number (unique in this decoder).
+    pub fn next_seq(&mut self) -> u64 {
+        *self.next_seq += 1;
+        *self.next_seq
+    }
+}
+
+/// The first request-direction bytes of a connection, held until they
+/// show whether it starts with the HTTP/2 preface (a 1-byte first read `P`
+/// could be `PRI` or `POST`).
+struct Sniff {
+    held: [u8; HTTP2_PREFACE.len()],
+    len: usize,
+    /// When the first held byte was written.
+    first_ns: u64,
+}
+
+/// What the first bytes said.
+enum Sniffed {
+    /// Still a proper prefix of the HTTP/2 preface: wait for more.
+    Wait,
+    Http1,
+    Http2,
+}
+
+impl Sniff {
+    fn new() -> Self {
+        Sniff {
+            held: [0; HTTP2_PREFACE.len()],
+            len: 0,
+            first_ns: 0,
+        }
+    }
+
+    fn look(&mut self, request_dir: Dir, d: &DataEvent) -> Sniffed {
+        if d.dir != request_dir {
+            // The server speaks first: HTTP/2 servers open with SETTINGS.
+            return if is_http2_settings(&d.data) {
+                Sniffed::Http2
+            } else {
+                Sniffed::Http1
+            };
+        }
+        if d.ret <= 0 || d.truncated() {
+            return Sniffed::Http1;
+        }
+        let n = d.data.len().min(HTTP2_PREFACE.len() - self.len);
+        if d.data[..n] != HTTP2_PREFACE[self.len..self.len + n] {
+            return Sniffed::Http1;
+        }
+        if self.len + n == HTTP2_PREFACE.len() {
+            return Sniffed::Http2;
+        }
+        if self.len == 0 {
+            self.first_ns = d.ts_ns;
+        }
+        self.held[self.len..self.len + n].copy_from_slice(&d.data[..n]);
+        self.len += n;
+        Sniffed::Wait
+    }
+}
+
+/// Does `data` start with an HTTP/2 SETTINGS frame on stream 0, not an
+/// ACK, whole (what an HTTP/2 server writes first, RFC 9113 §3.4)?
+fn is_http2_settings(data: &[u8]) -> bool {
+    let [l0, l1, l2, kind, flags, s0, s1, s2, s3, ..] = *data else {
+        return false;
+    };
+    let len = u32::from_be_bytes([0, l0, l1, l2]) as usize;
+    kind == 0x4
+        && flags == 0
+        && [s0 & 0x7f, s1, s2, s3] == [0; 4]
+        && len.is_multiple_of(6)
+        && len <= 6 * 16
+        && data.len() >= 9 + len
+}
+
+/// The protocol a connection speaks, and its machine. Nearly every
+/// connection ends up `Http1`, so its size is not wasted; boxing it would
+/// only add an allocation per connection and an indirection per call.
+#[allow(clippy::large_enum_variant)]
+enum Proto {
+    Sniffing(Sniff),
+    Http1(Http1Conn),
+    /// Counted once, then ignored.
+    Unsupported,
 }
 
 struct Conn {
-    pid: u32,
-    role: Role,
-    server_port: Option<u16>,
-    client: Option<String>,
-    req: ReqState,
-    resp: RespState,
-    /// Requests in arrival order; the front one is being answered.
-    queue: VecDeque<Exchange>,
-    /// Ignore bytes until a plausible request line starts an inbound event.
-    broken: bool,
-    /// HEAD requests in flight, by exchange seq (their responses have no body).
-    heads: Vec<u64>,
+    info: ConnInfo,
+    proto: Proto,
 }
 
 impl Conn {
     fn new(pid: u32, role: Role, server_port: Option<u16>, client: Option<String>) -> Self {
         Conn {
-            pid,
-            role,
-            server_port,
-            client,
-            req: ReqState::Head {
-                buf: Vec::new(),
-                start_ns: None,
+            info: ConnInfo {
+                pid,
+                role,
+                server_port,
+                client,
             },
-            resp: RespState::Head { buf: Vec::new() },
-            queue: VecDeque::new(),
-            broken: false,
-            heads: Vec::new(),
-        }
-    }
-
-    fn request_dir(&self) -> Dir {
-        match self.role {
-            Role::Server => Dir::In,
-            Role::Client => Dir::Out,
+            proto: Proto::Sniffing(Sniff::new()),
         }
     }
 }
@@ -140,83 +235,6 @@ pub struct Decoder {
     conns: HashMap<(u32, i32), Conn>,
     next_seq: u64,
     pub stats: DecodeStats,
-}
-
-fn header<'a>(headers: &'a [httparse::Header<'_>], name: &str) -> Option<&'a [u8]> {
-    headers
-        .iter()
-        .find(|h| h.name.eq_ignore_ascii_case(name))
-        .map(|h| h.value)
-}
-
-fn header_str(headers: &[httparse::Header<'_>], name: &str) -> Option<String> {
-    header(headers, name).map(|v| String::from_utf8_lossy(v).trim().to_string())
-}
-
-fn framing_of(headers: &[httparse::Header<'_>]) -> Result<Option<Framing>, ()> {
-    if let Some(te) = header(headers, "transfer-encoding") {
-        if String::from_utf8_lossy(te)
-            .to_ascii_lowercase()
-            .contains("chunked")
-        {
-            return Ok(Some(Framing::Chunked(Chunked::default())));
-        }
-    }
-    match header(headers, "content-length") {
-        Some(v) => std::str::from_utf8(v)
-            .ok()
-            .and_then(|s| s.trim().parse::<u64>().ok())
-            .map(|n| Some(Framing::Length(n)))
-            .ok_or(()),
-        None => Ok(None),
-    }
-}
-
-/// Does `data` start like an HTTP request line (`METHOD /…`)?
-fn looks_like_request(data: &[u8]) -> bool {
-    let n = data.iter().take(16).position(|&b| b == b' ');
-    match n {
-        Some(n) if n > 0 => {
-            data[..n].iter().all(|b| b.is_ascii_uppercase())
-                && matches!(data.get(n + 1), Some(b'/') | Some(b'*') | Some(b'h'))
-        }
-        _ => false,
-    }
-}
-
-/// What appending to a head buffer found.
-enum HeadFill {
-    /// No blank line yet; this many bytes were taken.
-    More(usize),
-    /// A blank line may end the head now; this many bytes were taken.
-    Ended(usize),
-    /// The head grew past MAX_HEAD_BYTES: not HTTP we can follow.
-    TooLarge,
-}
-
-/// Appends head bytes from `data` to `buf` (never more than one byte past
-/// the limit, so a 1 MiB header line costs 64 KiB).
-fn push_head(buf: &mut Vec<u8>, data: &[u8]) -> HeadFill {
-    let from = buf.len();
-    let take = data
-        .len()
-        .min(MAX_HEAD_BYTES + 1 - from.min(MAX_HEAD_BYTES));
-    buf.extend_from_slice(&data[..take]);
-    if has_head_end(buf, from) {
-        HeadFill::Ended(take)
-    } else if buf.len() > MAX_HEAD_BYTES {
-        HeadFill::TooLarge
-    } else {
-        HeadFill::More(take)
-    }
-}
-
-/// Is there a complete head (blank line) in `buf`, looking only at bytes
-/// from `from` on (minus 3 for a terminator split across appends)?
-fn has_head_end(buf: &[u8], from: usize) -> bool {
-    let start = from.saturating_sub(3);
-    memchr::memmem::find(&buf[start..], b"\n\r\n").is_some()
-        || memchr::memmem::find(&buf[start..], b"\n\n").is_some()
 }
 
 impl Decoder {
@@ -229,594 +247,356 @@ impl Decoder {
     pub fn buffered_bytes(&self) -> usize {
         self.conns
             .values()
-            .map(|c| {
-                let req = match &c.req {
-                    ReqState::Head { buf, .. } => buf.capacity(),
-                    ReqState::Body { buf, .. } => buf.capacity(),
-                };
-                let resp = match &c.resp {
-                    RespState::Head { buf } => buf.capacity(),
-                    RespState::Body {
-                        body: Body::Plain { buf, .. },
-                        ..
-                    } => buf.capacity(),
-                    RespState::Body {
-                        body: Body::Sse(s), ..
-                    } => s.buffered(),
-                    RespState::Body {
-                        body: Body::Ndjson(n),
-                        ..
-                    } => n.buffered(),
-                };
-                req + resp
+            .map(|c| match &c.proto {
+                Proto::Sniffing(s) => s.len,
+                Proto::Http1(h) => h.buffered(),
+                Proto::Unsupported => 0,
             })
             .sum()
     }
 
     /// Requests in flight across all connections.
     pub fn in_flight(&self) -> usize {
-        self.conns.values().map(|c| c.queue.len()).sum()
+        self.conns
+            .values()
+            .map(|c| match &c.proto {
+                Proto::Http1(h) => h.in_flight(),
+                Proto::Sniffing(_) | Proto::Unsupported => 0,
+            })
+            .sum()
     }
 
-    pub fn on_event(&mut self, ev: &SocketEvent, out: &mut Vec<Finished>) {
+    pub fn on_event(&mut self, ev: &SocketEvent, records: &mut Vec<Finished>) {
         self.stats.events += 1;
+        let Decoder {
+            conns,
+            next_seq,
+            stats,
+        } = self;
+        let mut out = Out {
+            stats,
+            next_seq,
+            records,
+        };
         match ev {
             SocketEvent::Open(o) => {
                 let key = (o.pid, o.fd);
                 // A reused fd: whatever was pending on the old connection
                 // ended without a close event.
-                if let Some(old) = self.conns.remove(&key) {
-                    self.abandon(old, o.ts_ns, out);
+                if let Some(Conn {
+                    proto: Proto::Http1(old),
+                    ..
+                }) = conns.remove(&key)
+                {
+                    old.abandon(o.ts_ns, &mut out);
                 }
                 let (server_port, client) = match o.role {
                     Role::Server => (o.local.map(|a| a.port()), o.peer.map(|a| a.to_string())),
                     Role::Client => (o.peer.map(|a| a.port()), o.local.map(|a| a.to_string())),
                 };
-                self.stats.connections += 1;
-                self.conns
-                    .insert(key, Conn::new(o.pid, o.role, server_port, client));
+                out.stats.connections += 1;
+                conns.insert(key, Conn::new(o.pid, o.role, server_port, client));
             }
             SocketEvent::Close(c) => {
-                if let Some(conn) = self.conns.remove(&(c.pid, c.fd)) {
-                    self.close(conn, c.ts_ns, out);
+                if let Some(Conn {
+                    proto: Proto::Http1(h),
+                    ..
+                }) = conns.remove(&(c.pid, c.fd))
+                {
+                    h.close(c.ts_ns, &mut out);
                 }
             }
-            SocketEvent::Data(d) => self.on_data(d, out),
+            SocketEvent::Data(d) => {
+                if d.truncated() {
+                    out.stats.truncated_calls += 1;
+                }
+                // Data before (or without) an open event: assume the
+                // common case, a server connection, with unknown addresses.
+                let conn = conns
+                    .entry((d.pid, d.fd))
+                    .or_insert_with(|| Conn::new(d.pid, Role::Server, None, None));
+                on_data(conn, d, &mut out);
+            }
         }
     }
 
     /// End of input (replay finished): requests still in flight end as
     /// `truncated_capture`.
-    pub fn finish(&mut self, out: &mut Vec<Finished>) {
+    pub fn finish(&mut self, records: &mut Vec<Finished>) {
         let mut keys: Vec<_> = self.conns.keys().copied().collect();
         keys.sort_unstable();
-        for k in keys {
-            if let Some(mut conn) = self.conns.remove(&k) {
-                let end = conn
-                    .queue
-                    .iter()
-                    .filter_map(|x| x.last_response_byte_ns)
-                    .max()
-                    .unwrap_or(0);
-                while let Some(x) = conn.queue.pop_front() {
-                    let end = x.last_response_byte_ns.unwrap_or(end.max(x.t0_ns));
-                    self.emit(x.finish(end, Some("truncated_capture")), out);
-                }
-            }
-        }
-    }
-
-    fn emit(&mut self, r: Finished, out: &mut Vec<Finished>) {
-        self.stats.records += 1;
-        out.push(r);
-    }
-
-    /// The connection was closed by the traced process.
-    fn close(&mut self, mut conn: Conn, ts: u64, out: &mut Vec<Finished>) {
-        // A body delimited by the close is complete now.
-        if let RespState::Body {
-            framing: Framing::UntilClose,
-            ..
-        } = conn.resp
-        {
-            if !conn.queue.is_empty() {
-                self.end_response(&mut conn, ts, out);
-            }
-        }
-        // Anything still pending was cut off by the traced process itself
-        // (a client going away shows up earlier, as EOF or a failed write).
-        while let Some(x) = conn.queue.pop_front() {
-            let end = x.last_response_byte_ns.unwrap_or(ts);
-            self.emit(x.finish(end, Some("upstream_reset")), out);
-        }
-    }
-
-    fn abandon(&mut self, mut conn: Conn, ts: u64, out: &mut Vec<Finished>) {
-        while let Some(x) = conn.queue.pop_front() {
-            let end = x.last_response_byte_ns.unwrap_or(ts);
-            self.emit(x.finish(end, Some("truncated_capture")), out);
-        }
-    }
-
-    fn on_data(&mut self, d: &DataEvent, out: &mut Vec<Finished>) {
-        // The map is moved out for the call (a pointer swap) so the
-        // connection can be borrowed next to the rest of `self`.
-        let mut conns = std::mem::take(&mut self.conns);
-        // Data before (or without) an open event: assume the common case,
-        // a server connection, with unknown addresses.
-        let conn = conns
-            .entry((d.pid, d.fd))
-            .or_insert_with(|| Conn::new(d.pid, Role::Server, None, None));
-        self.on_data_conn(conn, d, out);
-        self.conns = conns;
-    }
-
-    fn on_data_conn(&mut self, conn: &mut Conn, d: &DataEvent, out: &mut Vec<Finished>) {
-        let is_request = d.dir == conn.request_dir();
-        if d.ret < 0 || (d.ret == 0 && d.dir == Dir::In) {
-            // A failed write or read, or end of file on a read: the peer is
-            // gone (server role) or the upstream is (client role).
-            let gone = if conn.role == Role::Server {
-                "client_disconnect"
-            } else {
-                "upstream_reset"
-            };
-            if !is_request && d.ret == 0 {
-                // Client role: a response delimited by the close is done.
-                if let RespState::Body {
-                    framing: Framing::UntilClose,
-                    ..
-                } = conn.resp
-                {
-                    self.end_response(conn, d.ts_ns, out);
-                }
-            }
-            while let Some(x) = conn.queue.pop_front() {
-                let end = x.last_response_byte_ns.unwrap_or(d.ts_ns);
-                // A client that hangs up after the stream's end marker but
-                // before the HTTP framing's end (uvicorn writes the last
-                // chunk after `[DONE]`; the openai SDK closes on `[DONE]`)
-                // got its whole answer.
-                let err = (!x.stream_ended()).then_some(gone);
-                self.emit(x.finish(end, err), out);
-            }
-            self.reset(conn);
-            conn.broken = true;
-            return;
-        }
-        if d.truncated() {
-            self.stats.truncated_calls += 1;
-        }
-        if conn.broken {
-            if is_request && looks_like_request(&d.data) {
-                conn.broken = false;
-                self.reset(conn);
-            } else {
-                return;
-            }
-        }
-        let missing = (d.ret as u64).saturating_sub(d.data.len() as u64);
-        let ok = if is_request {
-            self.request_bytes(conn, d.ts_ns, &d.data, out) && self.request_gap(conn, missing)
-        } else {
-            self.response_bytes(conn, d.ts_ns, &d.data, out) && self.response_gap(conn, missing)
+        let mut out = Out {
+            stats: &mut self.stats,
+            next_seq: &mut self.next_seq,
+            records,
         };
-        if !ok {
-            self.desync(
-                conn,
-                d.ts_ns,
-                if missing > 0 {
-                    "truncated_capture"
-                } else {
-                    "decode_error"
-                },
-                out,
+        for k in keys {
+            if let Some(Conn {
+                proto: Proto::Http1(h),
+                ..
+            }) = self.conns.remove(&k)
+            {
+                h.finish(&mut out);
+            }
+        }
+    }
+}
+
+fn on_data(conn: &mut Conn, d: &DataEvent, out: &mut Out<'_>) {
+    let flow = match &mut conn.proto {
+        Proto::Http1(h) => h.on_data(&conn.info, out, Piece::of(d)),
+        Proto::Unsupported => Flow::Continue,
+        Proto::Sniffing(s) => match s.look(conn.info.request_dir(), d) {
+            Sniffed::Wait => Flow::Continue,
+            Sniffed::Http2 => Flow::Unsupported,
+            Sniffed::Http1 => {
+                let (held, len, first_ns) = (s.held, s.len, s.first_ns);
+                let mut h = Http1Conn::default();
+                let mut flow = Flow::Continue;
+                if len > 0 {
+                    // The held bytes were written first, at their own time.
+                    let early = Piece {
+                        ts_ns: first_ns,
+                        dir: conn.info.request_dir(),
+                        ret: len as i64,
+                        data: &held[..len],
+                    };
+                    flow = h.on_data(&conn.info, out, early);
+                }
+                if flow == Flow::Continue {
+                    flow = h.on_data(&conn.info, out, Piece::of(d));
+                }
+                conn.proto = Proto::Http1(h);
+                flow
+            }
+        },
+    };
+    if flow == Flow::Unsupported {
+        out.stats.unsupported_protocol += 1;
+        conn.proto = Proto::Unsupported;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::{CloseEvent, OpenEvent};
+
+    const T0: u64 = 1_700_000_000_000_000_000;
+
+    fn open(role: Role) -> SocketEvent {
+        SocketEvent::Open(OpenEvent {
+            ts_ns: T0,
+            pid: 7,
+            fd: 3,
+            role,
+            local: Some("127.0.0.1:8000".parse().unwrap()),
+            peer: Some("127.0.0.1:40000".parse().unwrap()),
+        })
+    }
+
+    fn data(ms: u64, dir: Dir, bytes: &[u8]) -> SocketEvent {
+        SocketEvent::Data(DataEvent {
+            ts_ns: T0 + ms * 1_000_000,
+            pid: 7,
+            tid: 7,
+            fd: 3,
+            dir,
+            ret: bytes.len() as i64,
+            data: bytes.to_vec(),
+            syscall: None,
+        })
+    }
+
+    fn close(ms: u64) -> SocketEvent {
+        SocketEvent::Close(CloseEvent {
+            ts_ns: T0 + ms * 1_000_000,
+            pid: 7,
+            fd: 3,
+        })
+    }
+
+    fn run(events: &[SocketEvent]) -> (Decoder, Vec<Finished>) {
+        let mut d = Decoder::new();
+        let mut out = vec![];
+        for e in events {
+            d.on_event(e, &mut out);
+        }
+        d.finish(&mut out);
+        (d, out)
+    }
+
+    /// An h2c prior-knowledge conversation: preface + SETTINGS, the
+    /// server's SETTINGS, a HEADERS frame, then a close.
+    fn http2_conversation(preface_pieces: &[&[u8]]) -> Vec<SocketEvent> {
+        let mut evs = vec![open(Role::Server)];
+        for (i, p) in preface_pieces.iter().enumerate() {
+            evs.push(data(i as u64, Dir::In, p));
+        }
+        let settings = [0u8, 0, 6, 4, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 100];
+        evs.push(data(50, Dir::In, &settings));
+        evs.push(data(51, Dir::Out, &settings));
+        evs.push(data(52, Dir::In, b"\0\0\x05\x01\x04\0\0\0\x01POST "));
+        evs.push(data(53, Dir::In, b"GET / HTTP/1.1\r\n\r\n"));
+        evs.push(data(54, Dir::Out, b"\0\0\0\x04\x01\0\0\0\0"));
+        evs.push(close(60));
+        evs
+    }
+
+    #[test]
+    fn an_http2_preface_is_counted_once_and_the_connection_ignored() {
+        let (d, out) = run(&http2_conversation(&[HTTP2_PREFACE]));
+        assert!(out.is_empty(), "{out:#?}");
+        assert_eq!(d.stats.unsupported_protocol, 1);
+        assert_eq!(d.stats.desyncs, 0);
+        assert_eq!(d.stats.orphan_responses, 0);
+        assert_eq!(d.buffered_bytes(), 0);
+    }
+
+    #[test]
+    fn an_http2_preface_split_byte_by_byte_is_still_recognised() {
+        let pieces: Vec<&[u8]> = HTTP2_PREFACE.chunks(1).collect();
+        let (d, out) = run(&http2_conversation(&pieces));
+        assert!(out.is_empty(), "{out:#?}");
+        assert_eq!(d.stats.unsupported_protocol, 1);
+        assert_eq!(d.stats.desyncs, 0);
+        // Every cut in two pieces as well.
+        for cut in 1..HTTP2_PREFACE.len() {
+            let (a, b) = HTTP2_PREFACE.split_at(cut);
+            let (d, out) = run(&http2_conversation(&[a, b]));
+            assert!(out.is_empty(), "cut {cut}");
+            assert_eq!(
+                (d.stats.unsupported_protocol, d.stats.desyncs),
+                (1, 0),
+                "cut {cut}"
             );
         }
     }
 
-    fn reset(&mut self, conn: &mut Conn) {
-        conn.req = ReqState::Head {
-            buf: Vec::new(),
-            start_ns: None,
-        };
-        conn.resp = RespState::Head { buf: Vec::new() };
-        conn.heads.clear();
+    #[test]
+    fn an_http2_server_speaking_first_is_recognised_by_its_settings_frame() {
+        let settings = [0u8, 0, 6, 4, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 100];
+        let (d, out) = run(&[
+            open(Role::Server),
+            data(1, Dir::Out, &settings),
+            data(2, Dir::In, HTTP2_PREFACE),
+            close(3),
+        ]);
+        assert!(out.is_empty());
+        assert_eq!((d.stats.unsupported_protocol, d.stats.desyncs), (1, 0));
+        // An ACK, or a short frame, is not a server's opening.
+        assert!(!is_http2_settings(&[0, 0, 0, 4, 1, 0, 0, 0, 0]));
+        assert!(!is_http2_settings(&settings[..12]));
+        assert!(is_http2_settings(&[0, 0, 0, 4, 0, 0, 0, 0, 0]));
     }
 
-    fn desync(&mut self, conn: &mut Conn, ts: u64, why: &str, out: &mut Vec<Finished>) {
-        self.stats.desyncs += 1;
-        while let Some(x) = conn.queue.pop_front() {
-            let end = x.last_response_byte_ns.unwrap_or(ts);
-            self.emit(x.finish(end, Some(why)), out);
-        }
-        self.reset(conn);
-        conn.broken = true;
+    #[test]
+    fn a_101_switch_ends_the_request_as_unsupported_and_later_bytes_are_ignored() {
+        let (d, out) = run(&[
+            open(Role::Server),
+            data(
+                1,
+                Dir::In,
+                b"GET /v1/realtime HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
+            ),
+            data(
+                5,
+                Dir::Out,
+                b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n\x81\x05hello",
+            ),
+            data(6, Dir::In, b"\x81\x85abcd\x01\x02\x03\x04\x05"),
+            data(7, Dir::In, b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 0\r\n\r\n"),
+            data(8, Dir::Out, b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"),
+            data(9, Dir::Out, b"\x88\x00"),
+            close(10),
+        ]);
+        assert_eq!(out.len(), 1, "{out:#?}");
+        let r = &out[0].record;
+        assert_eq!(r.path, "/v1/realtime");
+        assert_eq!(r.status, Some(101));
+        assert_eq!(r.error_type.as_deref(), Some("unsupported_protocol"));
+        assert!((r.duration_s.unwrap() - 0.004).abs() < 1e-9);
+        assert_eq!(d.stats.unsupported_protocol, 1);
+        assert_eq!(d.stats.desyncs, 0);
+        assert_eq!(d.stats.records, 1);
+        assert_eq!(d.in_flight(), 0);
     }
 
-    /// Bytes of the request direction. False: not HTTP any more.
-    fn request_bytes(
-        &mut self,
-        conn: &mut Conn,
-        ts: u64,
-        mut data: &[u8],
-        out: &mut Vec<Finished>,
-    ) -> bool {
-        while !data.is_empty() {
-            match &mut conn.req {
-                ReqState::Head { buf, start_ns } => {
-                    if buf.is_empty() {
-                        // Tolerate blank lines between requests (RFC 9112 §2.2).
-                        let skip = data
-                            .iter()
-                            .take_while(|b| **b == b'\r' || **b == b'\n')
-                            .count();
-                        data = &data[skip..];
-                        if data.is_empty() {
-                            return true;
-                        }
-                    }
-                    start_ns.get_or_insert(ts);
-                    let from = buf.len();
-                    let take = match push_head(buf, data) {
-                        HeadFill::More(n) => {
-                            data = &data[n..];
-                            continue;
-                        }
-                        HeadFill::Ended(n) => n,
-                        HeadFill::TooLarge => return false,
-                    };
-                    let mut hdrs = [httparse::EMPTY_HEADER; MAX_HEADERS];
-                    let mut req = httparse::Request::new(&mut hdrs);
-                    let n = match req.parse(buf) {
-                        Ok(httparse::Status::Complete(n)) => n,
-                        Ok(httparse::Status::Partial) => {
-                            data = &data[take..];
-                            continue;
-                        }
-                        Err(_) => return false,
-                    };
-                    let method = req.method.unwrap_or("").to_string();
-                    let path = req.path.unwrap_or("").to_string();
-                    let framing = match framing_of(req.headers) {
-                        Ok(f) => f.unwrap_or(Framing::None),
-                        Err(()) => return false,
-                    };
-                    // Bytes of this event after the head.
-                    let used_from_data = n - from;
-                    let t0 = start_ns.unwrap_or(ts);
-                    if conn.queue.len() >= MAX_PIPELINE {
-                        return false;
-                    }
-                    self.next_seq += 1;
-                    let seq = self.next_seq;
-                    let x = Exchange::new(
-                        seq,
-                        conn.pid,
-                        conn.server_port,
-                        conn.client.clone(),
-                        &method,
-                        &path,
-                        t0,
-                    );
-                    if method == "HEAD" {
-                        conn.heads.push(seq);
-                    }
-                    conn.queue.push_back(x);
-                    data = &data[used_from_data.min(data.len())..];
-                    conn.req = ReqState::Body {
-                        seq,
-                        complete: matches!(framing, Framing::None | Framing::Length(0)),
-                        framing,
-                        buf: Vec::new(),
-                    };
-                    if let ReqState::Body { complete: true, .. } = conn.req {
-                        self.request_done(conn);
-                    }
-                }
-                ReqState::Body { framing, buf, .. } => {
-                    let keep = |b: &[u8], buf: &mut Vec<u8>| {
-                        let room = MAX_REQUEST_BODY.saturating_sub(buf.len());
-                        buf.extend_from_slice(&b[..b.len().min(room)]);
-                    };
-                    let (used, done) = match framing {
-                        Framing::Length(left) => {
-                            let n = (*left).min(data.len() as u64) as usize;
-                            keep(&data[..n], buf);
-                            *left -= n as u64;
-                            (n, *left == 0)
-                        }
-                        Framing::Chunked(c) => {
-                            let mut sink = |b: &[u8]| keep(b, buf);
-                            match c.feed(data, &mut sink) {
-                                Ok(n) => (n, c.is_done()),
-                                Err(_) => return false,
-                            }
-                        }
-                        Framing::None | Framing::UntilClose => (0, true),
-                    };
-                    data = &data[used..];
-                    if done {
-                        self.request_done(conn);
-                    }
-                }
-            }
-        }
-        let _ = out;
-        true
+    #[test]
+    fn a_1xx_other_than_101_is_still_skipped() {
+        let (d, out) = run(&[
+            open(Role::Server),
+            data(1, Dir::In, b"POST /v1/completions HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n"),
+            data(2, Dir::Out, b"HTTP/1.1 100 Continue\r\n\r\n"),
+            data(3, Dir::In, b"{}"),
+            data(4, Dir::Out, b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"),
+        ]);
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].record.status, Some(200));
+        assert_eq!(out[0].record.error_type, None);
+        assert_eq!(d.stats.unsupported_protocol, 0);
     }
 
-    /// Capture dropped `missing` request bytes at the end of the last call.
-    fn request_gap(&mut self, conn: &mut Conn, missing: u64) -> bool {
-        if missing == 0 {
-            return true;
-        }
-        match &mut conn.req {
-            ReqState::Body {
-                framing: Framing::Length(left),
-                complete,
-                ..
-            } if missing <= *left => {
-                *left -= missing;
-                *complete = false; // the body JSON is incomplete
-                if *left == 0 {
-                    self.request_done(conn);
-                }
-                true
-            }
-            ReqState::Body {
-                framing: Framing::Chunked(c),
-                complete,
-                ..
-            } => {
-                *complete = false;
-                c.skip(missing)
-            }
-            _ => false,
-        }
-    }
-
-    /// The request body is complete: read what it says, expect the next head.
-    fn request_done(&mut self, conn: &mut Conn) {
-        let state = std::mem::replace(
-            &mut conn.req,
-            ReqState::Head {
-                buf: Vec::new(),
-                start_ns: None,
-            },
-        );
-        if let ReqState::Body { seq, buf, .. } = state {
-            if let Some(x) = conn.queue.iter_mut().find(|x| x.seq == seq) {
-                if !buf.is_empty() {
-                    x.request = request_info(&buf);
-                }
+    #[test]
+    fn http1_whose_first_reads_look_like_the_preface_still_decodes() {
+        let resp =
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}";
+        for req in [
+            &b"POST /v1/completions HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}"[..],
+            b"PUT /x HTTP/1.1\r\n\r\n",
+            b"PROPFIND /x HTTP/1.1\r\n\r\n",
+            b"PRI /x HTTP/1.1\r\n\r\n",
+        ] {
+            // First read 1, 2, 3 … bytes, the rest in the next read.
+            for first in 1..8 {
+                let (a, b) = req.split_at(first);
+                let (d, out) = run(&[
+                    open(Role::Server),
+                    data(1, Dir::In, a),
+                    data(2, Dir::In, b),
+                    data(3, Dir::Out, resp),
+                ]);
+                let name = String::from_utf8_lossy(&req[..first]).to_string();
+                assert_eq!(out.len(), 1, "{name:?}: {out:#?}");
+                let r = &out[0].record;
+                assert_eq!(r.status, Some(200), "{name:?}");
+                assert_eq!(r.error_type, None, "{name:?}");
+                // t0 is the first byte's read, not the read that decided.
+                assert_eq!(r.t0_ns, T0 + 1_000_000, "{name:?}");
+                assert!((r.duration_s.unwrap() - 0.002).abs() < 1e-9, "{name:?}");
+                assert_eq!((d.stats.unsupported_protocol, d.stats.desyncs), (0, 0));
             }
         }
     }
 
-    /// Bytes of the response direction. False: not HTTP any more.
-    fn response_bytes(
-        &mut self,
-        conn: &mut Conn,
-        ts: u64,
-        mut data: &[u8],
-        out: &mut Vec<Finished>,
-    ) -> bool {
-        if let Some(x) = conn.queue.front_mut() {
-            x.last_response_byte_ns = Some(ts);
+    #[test]
+    fn a_client_that_hangs_up_mid_preface_leaves_nothing() {
+        let mut eof = data(2, Dir::In, b"");
+        if let SocketEvent::Data(d) = &mut eof {
+            d.ret = 0;
         }
-        while !data.is_empty() {
-            match &mut conn.resp {
-                RespState::Head { buf } => {
-                    if buf.is_empty() {
-                        let skip = data
-                            .iter()
-                            .take_while(|b| **b == b'\r' || **b == b'\n')
-                            .count();
-                        data = &data[skip..];
-                        if data.is_empty() {
-                            return true;
-                        }
-                    }
-                    let from = buf.len();
-                    let take = match push_head(buf, data) {
-                        HeadFill::More(n) => {
-                            data = &data[n..];
-                            continue;
-                        }
-                        HeadFill::Ended(n) => n,
-                        HeadFill::TooLarge => return false,
-                    };
-                    let mut hdrs = [httparse::EMPTY_HEADER; MAX_HEADERS];
-                    let mut resp = httparse::Response::new(&mut hdrs);
-                    let n = match resp.parse(buf) {
-                        Ok(httparse::Status::Complete(n)) => n,
-                        Ok(httparse::Status::Partial) => {
-                            data = &data[take..];
-                            continue;
-                        }
-                        Err(_) => return false,
-                    };
-                    let status = resp.code.unwrap_or(0);
-                    let used_from_data = n - from;
-                    data = &data[used_from_data.min(data.len())..];
-                    if (100..200).contains(&status) {
-                        if status == 101 {
-                            return false; // protocol switch: not HTTP any more
-                        }
-                        conn.resp = RespState::Head { buf: Vec::new() };
-                        continue;
-                    }
-                    let ctype = header_str(resp.headers, "content-type")
-                        .unwrap_or_default()
-                        .to_ascii_lowercase();
-                    let server = header_str(resp.headers, "server");
-                    let framing = match framing_of(resp.headers) {
-                        Ok(f) => f,
-                        Err(()) => return false,
-                    };
-                    let Some(x) = conn.queue.front_mut() else {
-                        self.stats.orphan_responses += 1;
-                        return false;
-                    };
-                    let head_request = conn.heads.first() == Some(&x.seq);
-                    x.status = Some(status);
-                    x.last_response_byte_ns = Some(ts);
-                    if x.provider.is_none() {
-                        x.provider = server.as_deref().and_then(provider_from_server_header);
-                    }
-                    let ndjson = ctype.starts_with("application/x-ndjson")
-                        || ctype.starts_with("application/jsonl")
-                        || ctype.starts_with("application/json-seq");
-                    let body = if ctype.starts_with("text/event-stream") {
-                        x.stream = true;
-                        Body::Sse(Sse::default())
-                    } else if ndjson {
-                        x.stream = true;
-                        Body::Ndjson(Ndjson::default())
-                    } else {
-                        Body::Plain {
-                            buf: Vec::new(),
-                            complete: true,
-                        }
-                    };
-                    let no_body = head_request || status == 204 || status == 304;
-                    let framing = if no_body {
-                        Framing::None
-                    } else {
-                        framing.unwrap_or(Framing::UntilClose)
-                    };
-                    let empty = matches!(framing, Framing::None | Framing::Length(0));
-                    conn.resp = RespState::Body {
-                        framing,
-                        body,
-                        head_request,
-                    };
-                    if empty {
-                        self.end_response(conn, ts, out);
-                    }
-                }
-                RespState::Body { framing, body, .. } => {
-                    let Some(x) = conn.queue.front_mut() else {
-                        return false;
-                    };
-                    let format = x.format;
-                    let mut sink = |b: &[u8]| feed_body(body, format, x, ts, b);
-                    let (used, done) = match framing {
-                        Framing::Length(left) => {
-                            let n = (*left).min(data.len() as u64) as usize;
-                            sink(&data[..n]);
-                            *left -= n as u64;
-                            (n, *left == 0)
-                        }
-                        Framing::Chunked(c) => match c.feed(data, &mut sink) {
-                            Ok(n) => (n, c.is_done()),
-                            Err(_) => return false,
-                        },
-                        Framing::UntilClose => {
-                            sink(data);
-                            (data.len(), false)
-                        }
-                        Framing::None => (0, true),
-                    };
-                    data = &data[used..];
-                    if done {
-                        self.end_response(conn, ts, out);
-                    }
-                }
-            }
-        }
-        true
+        let (d, out) = run(&[
+            open(Role::Server),
+            data(1, Dir::In, b"PRI * HT"),
+            eof,
+            close(3),
+        ]);
+        assert!(out.is_empty());
+        assert_eq!(d.stats.unsupported_protocol, 0);
+        assert_eq!(d.buffered_bytes(), 0);
     }
 
-    fn response_gap(&mut self, conn: &mut Conn, missing: u64) -> bool {
-        if missing == 0 {
-            return true;
-        }
-        match &mut conn.resp {
-            RespState::Body {
-                framing: Framing::Length(left),
-                body: Body::Plain { complete, .. },
-                ..
-            } if missing <= *left => {
-                *left -= missing;
-                *complete = false;
-                true
-            }
-            _ => false,
-        }
-    }
-
-    /// The front exchange's response is complete at `ts`.
-    fn end_response(&mut self, conn: &mut Conn, ts: u64, out: &mut Vec<Finished>) {
-        let state = std::mem::replace(&mut conn.resp, RespState::Head { buf: Vec::new() });
-        let Some(mut x) = conn.queue.pop_front() else {
-            return;
-        };
-        if let RespState::Body {
-            body, head_request, ..
-        } = state
-        {
-            if head_request {
-                conn.heads.retain(|s| *s != x.seq);
-            }
-            match body {
-                Body::Plain { buf, complete } => {
-                    if complete && !buf.is_empty() {
-                        if let Some(info) = interpret(x.format, &buf) {
-                            x.on_body(info);
-                        }
-                    }
-                    if buf.len() >= MAX_RESPONSE_BODY {
-                        self.stats.oversized += 1;
-                    }
-                }
-                Body::Ndjson(mut nd) => {
-                    let format = x.format;
-                    nd.finish(&mut |line| feed_event(format, &mut x, ts, line));
-                    self.stats.oversized += nd.oversized;
-                }
-                Body::Sse(sse) => self.stats.oversized += sse.oversized,
-            }
-        }
-        let end = x.last_response_byte_ns.unwrap_or(ts);
-        self.emit(x.finish(end, None), out);
-    }
-}
-
-/// One piece of response body, written at `ts`.
-fn feed_body(body: &mut Body, format: Format, x: &mut Exchange, ts: u64, bytes: &[u8]) {
-    match body {
-        Body::Sse(sse) => sse.feed(bytes, &mut |ev| {
-            if ev.data == b"[DONE]" {
-                x.on_stream_end();
-                return;
-            }
-            feed_event(format, x, ts, ev.data);
-        }),
-        Body::Ndjson(nd) => nd.feed(bytes, &mut |line| feed_event(format, x, ts, line)),
-        Body::Plain { buf, .. } => {
-            let room = MAX_RESPONSE_BODY.saturating_sub(buf.len());
-            buf.extend_from_slice(&bytes[..bytes.len().min(room)]);
-        }
-    }
-}
-
-/// One stream event (SSE data or NDJSON line).
-fn feed_event(format: Format, x: &mut Exchange, ts: u64, data: &[u8]) {
-    match interpret(format, data) {
-        Some(info) => x.on_stream_event(ts, info),
-        None if format == Format::Unknown => {
-            // Not JSON, unknown API: still a chunk with a time.
-            x.on_stream_event(
-                ts,
-                engines::EventInfo {
-                    content: engines::Content::Answer,
-                    content_parts: 1,
-                    ..Default::default()
-                },
-            )
-        }
-        None => {}
+    #[test]
+    fn a_reused_fd_sniffs_its_new_connection_again() {
+        let (d, out) = run(&[
+            open(Role::Server),
+            data(1, Dir::In, HTTP2_PREFACE),
+            open(Role::Server),
+            data(2, Dir::In, b"GET /health HTTP/1.1\r\n\r\n"),
+            data(3, Dir::Out, b"HTTP/1.1 204 No Content\r\n\r\n"),
+        ]);
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].record.status, Some(204));
+        assert_eq!(d.stats.unsupported_protocol, 1);
     }
 }

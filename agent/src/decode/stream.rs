@@ -1,37 +1,51 @@
 //! Incremental stream decoders for response bodies: Server-Sent Events and
-//! newline-delimited JSON. Both accept input split at any byte and call the
-//! sink once per complete event, in order. Memory per stream is bounded.
+//! newline-delimited JSON, both on one bounded line splitter
+//! (`LineBuffer`). Input may be split at any byte; sinks are called once
+//! per complete event, in order.
+//!
+//! Owns: partial lines and the SSE event being assembled. Must not: hold
+//! more than about `MAX_EVENT_BYTES` plus one input piece per stream
+//! (longer lines and events are dropped and counted), or interpret JSON.
 
 /// An event or line larger than this is dropped (and counted).
 pub const MAX_EVENT_BYTES: usize = 1 << 20;
 
-/// One dispatched SSE event.
-pub struct SseEvent<'a> {
-    /// The `event:` field, when present.
-    pub event: Option<&'a str>,
-    /// `data:` lines joined with '\n'.
-    pub data: &'a [u8],
-}
-
-#[derive(Default)]
-pub struct Sse {
+/// Splits a byte stream into lines, whatever the input's split points.
+/// Lines end at `\n` or `\r\n`, and also at a lone `\r` when built with
+/// `lone_cr_ends_line` (SSE's rule); the terminator is not part of the
+/// line. A line growing past `MAX_EVENT_BYTES` while buffered is skipped
+/// up to its end and counted in `oversized`.
+pub struct LineBuffer {
     line: Vec<u8>,
-    data: Vec<u8>,
-    has_data: bool,
-    event: String,
-    /// The previous input ended with '\r' (a following '\n' belongs to it).
+    lone_cr_ends_line: bool,
+    /// The previous input ended with a line-ending '\r' (a following '\n'
+    /// belongs to it).
     after_cr: bool,
     /// The current line is being discarded (too long).
     skipping: bool,
     pub oversized: u64,
 }
 
-impl Sse {
-    pub fn buffered(&self) -> usize {
-        self.line.capacity() + self.data.capacity()
+impl LineBuffer {
+    pub fn new(lone_cr_ends_line: bool) -> Self {
+        Self {
+            line: Vec::new(),
+            lone_cr_ends_line,
+            after_cr: false,
+            skipping: false,
+            oversized: 0,
+        }
     }
 
-    pub fn feed(&mut self, mut input: &[u8], sink: &mut dyn FnMut(SseEvent<'_>)) {
+    /// Heap bytes held for a partial line.
+    pub fn buffered(&self) -> usize {
+        self.line.capacity()
+    }
+
+    /// Calls `on_line` for every line completed by `input`. A line that
+    /// arrives whole in one piece is passed without being copied.
+    #[inline]
+    pub fn feed(&mut self, mut input: &[u8], on_line: &mut impl FnMut(&[u8])) {
         if input.is_empty() {
             return;
         }
@@ -42,47 +56,119 @@ impl Sse {
             }
         }
         while !input.is_empty() {
-            match memchr::memchr2(b'\n', b'\r', input) {
-                None => {
-                    if !self.skipping {
-                        if self.line.len() + input.len() > MAX_EVENT_BYTES {
-                            self.skipping = true;
-                            self.oversized += 1;
-                            self.line.clear();
-                        } else {
-                            self.line.extend_from_slice(input);
-                        }
-                    }
-                    return;
-                }
-                Some(i) => {
-                    let eol = input[i];
-                    if self.skipping {
-                        self.skipping = false;
+            let eol = if self.lone_cr_ends_line {
+                memchr::memchr2(b'\n', b'\r', input)
+            } else {
+                memchr::memchr(b'\n', input)
+            };
+            let Some(i) = eol else {
+                if !self.skipping {
+                    if self.line.len() + input.len() > MAX_EVENT_BYTES {
+                        self.skipping = true;
+                        self.oversized += 1;
                         self.line.clear();
-                    } else if self.line.is_empty() {
-                        self.line_done(&input[..i], sink);
                     } else {
-                        self.line.extend_from_slice(&input[..i]);
-                        let line = std::mem::take(&mut self.line);
-                        self.line_done(&line, sink);
-                        self.line = line;
-                        self.line.clear();
+                        self.line.extend_from_slice(input);
                     }
-                    input = &input[i + 1..];
-                    if eol == b'\r' {
-                        match input.first() {
-                            Some(b'\n') => input = &input[1..],
-                            None => self.after_cr = true,
-                            _ => {}
-                        }
-                    }
+                }
+                return;
+            };
+            if self.skipping {
+                self.skipping = false;
+            } else if self.line.is_empty() {
+                on_line(self.strip_cr(&input[..i]));
+            } else {
+                self.line.extend_from_slice(&input[..i]);
+                let line = std::mem::take(&mut self.line);
+                on_line(self.strip_cr(&line));
+                self.line = line;
+            }
+            self.line.clear();
+            let ended_by_cr = input[i] == b'\r';
+            input = &input[i + 1..];
+            if ended_by_cr {
+                match input.first() {
+                    Some(b'\n') => input = &input[1..],
+                    None => self.after_cr = true,
+                    _ => {}
                 }
             }
         }
     }
 
-    fn line_done(&mut self, line: &[u8], sink: &mut dyn FnMut(SseEvent<'_>)) {
+    /// The input ended: a last line without a terminator is complete.
+    pub fn finish(&mut self, on_line: &mut impl FnMut(&[u8])) {
+        if !self.skipping && !self.line.is_empty() {
+            let line = std::mem::take(&mut self.line);
+            on_line(self.strip_cr(&line));
+        }
+        self.line.clear();
+        self.skipping = false;
+    }
+
+    /// Without lone-CR line ends, a `\r\n` leaves its '\r' on the line.
+    #[inline]
+    fn strip_cr<'l>(&self, line: &'l [u8]) -> &'l [u8] {
+        if self.lone_cr_ends_line {
+            line
+        } else {
+            line.strip_suffix(b"\r").unwrap_or(line)
+        }
+    }
+}
+
+/// One dispatched SSE event.
+pub struct SseEvent<'a> {
+    /// The `event:` field, when present.
+    pub event: Option<&'a str>,
+    /// `data:` lines joined with '\n'.
+    pub data: &'a [u8],
+}
+
+/// Server-Sent Events (`text/event-stream`).
+pub struct Sse {
+    lines: LineBuffer,
+    event: EventFields,
+}
+
+impl Default for Sse {
+    fn default() -> Self {
+        Self {
+            lines: LineBuffer::new(true),
+            event: EventFields::default(),
+        }
+    }
+}
+
+/// The fields of the SSE event being assembled.
+#[derive(Default)]
+struct EventFields {
+    data: Vec<u8>,
+    has_data: bool,
+    event: String,
+    /// Events whose data grew past `MAX_EVENT_BYTES`.
+    oversized: u64,
+}
+
+impl Sse {
+    /// Heap bytes held (partial line and event data).
+    pub fn buffered(&self) -> usize {
+        self.lines.buffered() + self.event.data.capacity()
+    }
+
+    /// Lines and events dropped for size.
+    pub fn oversized(&self) -> u64 {
+        self.lines.oversized + self.event.oversized
+    }
+
+    pub fn feed(&mut self, input: &[u8], sink: &mut dyn FnMut(SseEvent<'_>)) {
+        let Sse { lines, event } = self;
+        lines.feed(input, &mut |line| event.line(line, sink));
+    }
+}
+
+impl EventFields {
+    fn line(&mut self, line: &[u8], sink: &mut dyn FnMut(SseEvent<'_>)) {
         if line.is_empty() {
             if self.has_data {
                 let ev = if self.event.is_empty() {
@@ -133,61 +219,41 @@ impl Sse {
     }
 }
 
-/// Newline-delimited JSON (Ollama's streams): one object per line.
-#[derive(Default)]
+/// Newline-delimited JSON (Ollama's streams): one object per line; blank
+/// lines are skipped.
 pub struct Ndjson {
-    line: Vec<u8>,
-    skipping: bool,
-    pub oversized: u64,
+    lines: LineBuffer,
+}
+
+impl Default for Ndjson {
+    fn default() -> Self {
+        Self {
+            lines: LineBuffer::new(false),
+        }
+    }
 }
 
 impl Ndjson {
     pub fn buffered(&self) -> usize {
-        self.line.capacity()
+        self.lines.buffered()
     }
 
-    pub fn feed(&mut self, mut input: &[u8], sink: &mut dyn FnMut(&[u8])) {
-        while !input.is_empty() {
-            match memchr::memchr(b'\n', input) {
-                None => {
-                    if !self.skipping {
-                        if self.line.len() + input.len() > MAX_EVENT_BYTES {
-                            self.skipping = true;
-                            self.oversized += 1;
-                            self.line.clear();
-                        } else {
-                            self.line.extend_from_slice(input);
-                        }
-                    }
-                    return;
-                }
-                Some(i) => {
-                    if self.skipping {
-                        self.skipping = false;
-                    } else if self.line.is_empty() {
-                        emit_line(&input[..i], sink);
-                    } else {
-                        self.line.extend_from_slice(&input[..i]);
-                        emit_line(&self.line, sink);
-                    }
-                    self.line.clear();
-                    input = &input[i + 1..];
-                }
-            }
-        }
+    /// Lines dropped for size.
+    pub fn oversized(&self) -> u64 {
+        self.lines.oversized
+    }
+
+    pub fn feed(&mut self, input: &[u8], sink: &mut dyn FnMut(&[u8])) {
+        self.lines.feed(input, &mut |line| emit_line(line, sink));
     }
 
     /// A final line without a newline (the body ended).
     pub fn finish(&mut self, sink: &mut dyn FnMut(&[u8])) {
-        if !self.skipping && !self.line.is_empty() {
-            emit_line(&self.line, sink);
-        }
-        self.line.clear();
+        self.lines.finish(&mut |line| emit_line(line, sink));
     }
 }
 
 fn emit_line(line: &[u8], sink: &mut dyn FnMut(&[u8])) {
-    let line = line.strip_suffix(b"\r").unwrap_or(line);
     if line.iter().any(|b| !b.is_ascii_whitespace()) {
         sink(line);
     }
@@ -260,7 +326,50 @@ mod tests {
         p.feed(&big, &mut |_| n += 1);
         p.feed(b"\n\ndata: ok\n\n", &mut |_| n += 1);
         assert_eq!(n, 1);
-        assert_eq!(p.oversized, 1);
-        assert!(p.line.capacity() <= MAX_EVENT_BYTES * 2);
+        assert_eq!(p.oversized(), 1);
+        assert!(p.buffered() <= MAX_EVENT_BYTES * 2);
+    }
+
+    fn lines_of(lone_cr: bool, pieces: &[&[u8]]) -> (Vec<Vec<u8>>, u64) {
+        let mut b = LineBuffer::new(lone_cr);
+        let mut out = vec![];
+        for p in pieces {
+            b.feed(p, &mut |l| out.push(l.to_vec()));
+        }
+        b.finish(&mut |l| out.push(l.to_vec()));
+        (out, b.oversized)
+    }
+
+    #[test]
+    fn line_buffer_splits_at_lf_crlf_and_lone_cr_only_when_asked() {
+        let wire: &[u8] = b"a\r\nb\rc\n\nd";
+        let sse = vec![
+            b"a".to_vec(),
+            b"b".to_vec(),
+            b"c".to_vec(),
+            vec![],
+            b"d".to_vec(),
+        ];
+        let nd = vec![b"a".to_vec(), b"b\rc".to_vec(), vec![], b"d".to_vec()];
+        for i in 0..=wire.len() {
+            assert_eq!(lines_of(true, &[&wire[..i], &wire[i..]]).0, sse, "cut {i}");
+            assert_eq!(lines_of(false, &[&wire[..i], &wire[i..]]).0, nd, "cut {i}");
+        }
+        // One byte at a time.
+        let bytes: Vec<&[u8]> = wire.chunks(1).collect();
+        assert_eq!(lines_of(true, &bytes).0, sse);
+        assert_eq!(lines_of(false, &bytes).0, nd);
+    }
+
+    #[test]
+    fn line_buffer_skips_an_oversized_line_to_its_end_and_keeps_going() {
+        let big = vec![b'x'; MAX_EVENT_BYTES / 2 + 1];
+        let (lines, oversized) = lines_of(false, &[b"ok\n", &big, &big, &big, b"tail\nnext\n"]);
+        assert_eq!(lines, vec![b"ok".to_vec(), b"next".to_vec()]);
+        assert_eq!(oversized, 1);
+        let mut b = LineBuffer::new(true);
+        b.feed(&big, &mut |_| {});
+        b.feed(&big, &mut |_| {});
+        assert!(b.buffered() <= MAX_EVENT_BYTES * 2);
     }
 }

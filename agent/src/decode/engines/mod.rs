@@ -1,7 +1,14 @@
-//! Engine wire formats: which endpoint speaks which format, what counts as
-//! generated content in each stream event, and where each engine reports
-//! usage, model and finish reason. One table-driven place, so adding an
-//! engine is adding a `Format` and its arm here.
+//! Engine wire formats: which endpoint speaks which format (`Format`), and
+//! what one stream event or body of it says (`interpret` → `EventInfo`).
+//! This module owns the dispatch and what the families share (request
+//! bodies, the tolerant serde field readers); each engine family's event
+//! shapes and reading live in its own file (`openai`, `tgi`, `ollama`,
+//! `llamacpp`, `triton`), so adding an engine is adding a file, a `Format`
+//! and its arm in `interpret`.
+//!
+//! Must not: allocate per event on the OpenAI path (strings borrow from the
+//! event's bytes), fail a whole event on one odd field (fields read as
+//! absent instead), or keep any payload text (only sizes and flags).
 
 use std::borrow::Cow;
 
@@ -221,6 +228,13 @@ macro_rules! ignore_others {
     };
 }
 
+// The family modules come after the macros above, which they use.
+mod llamacpp;
+mod ollama;
+mod openai;
+mod tgi;
+mod triton;
+
 /// A string field that tolerates other JSON types (they read as absent),
 /// so one odd field never hides the rest of an event. Borrowed when the
 /// JSON string has no escapes.
@@ -364,87 +378,6 @@ impl<'de> Deserialize<'de> for Num {
 
 #[derive(Deserialize, Default, Debug)]
 #[serde(default)]
-struct Delta {
-    content: Text,
-    reasoning_content: Text,
-    reasoning: Text,
-    thinking: Text,
-    tool_calls: NonEmptySeq,
-}
-
-impl Delta {
-    fn kind(&self) -> Content {
-        if self.content.0 {
-            Content::Answer
-        } else if self.tool_calls.0 {
-            Content::Tool
-        } else if self.reasoning_content.0 || self.reasoning.0 || self.thinking.0 {
-            Content::Reasoning
-        } else {
-            Content::None
-        }
-    }
-}
-
-#[derive(Deserialize, Default, Debug)]
-#[serde(default)]
-struct Choice<'a> {
-    delta: Option<Delta>,
-    message: Option<Delta>,
-    text: Text,
-    #[serde(borrow)]
-    finish_reason: Loose<'a>,
-}
-
-/// `choices`, folded while parsing (no vector is built).
-#[derive(Debug, Default)]
-struct Choices<'a> {
-    content: Content,
-    parts: u32,
-    finish_reason: Option<Cow<'a, str>>,
-}
-
-impl<'de: 'a, 'a> Deserialize<'de> for Choices<'a> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V<'a>(std::marker::PhantomData<&'a ()>);
-        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
-            type Value = Choices<'a>;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("an array of choices")
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut s: A) -> Result<Choices<'a>, A::Error> {
-                let mut out = Choices::default();
-                while let Some(ch) = s.next_element::<Choice<'a>>()? {
-                    let mut c = ch
-                        .delta
-                        .as_ref()
-                        .or(ch.message.as_ref())
-                        .map(Delta::kind)
-                        .unwrap_or(Content::None);
-                    if ch.text.0 {
-                        c = stronger(c, Content::Answer);
-                    }
-                    if c != Content::None {
-                        out.content = stronger(out.content, c);
-                        out.parts += 1;
-                    }
-                    if ch.finish_reason.0.is_some() {
-                        out.finish_reason = ch.finish_reason.0;
-                    }
-                }
-                Ok(out)
-            }
-            ignore_others!(Choices<'a>, Choices::default());
-            fn visit_str<E: de::Error>(self, _: &str) -> Result<Choices<'a>, E> {
-                Ok(Choices::default())
-            }
-        }
-        d.deserialize_any(V(std::marker::PhantomData))
-    }
-}
-
-#[derive(Deserialize, Default, Debug)]
-#[serde(default)]
 struct Usage {
     prompt_tokens: Num,
     completion_tokens: Num,
@@ -459,171 +392,7 @@ struct Timings {
     predicted_n: Num,
 }
 
-#[derive(Deserialize, Default, Debug)]
-#[serde(default)]
-struct TgiToken {
-    text: Text,
-    special: Option<bool>,
-}
-
-#[derive(Deserialize, Default, Debug)]
-#[serde(default)]
-struct TgiDetails<'a> {
-    #[serde(borrow)]
-    finish_reason: Loose<'a>,
-    generated_tokens: Num,
-}
-
-#[derive(Deserialize, Default, Debug)]
-#[serde(default)]
-struct ResponsesObj<'a> {
-    #[serde(borrow)]
-    model: Loose<'a>,
-    #[serde(borrow)]
-    status: Loose<'a>,
-    usage: Option<Usage>,
-    #[serde(borrow)]
-    incomplete_details: Option<IncompleteDetails<'a>>,
-}
-
-#[derive(Deserialize, Default, Debug)]
-#[serde(default)]
-struct IncompleteDetails<'a> {
-    #[serde(borrow)]
-    reason: Loose<'a>,
-}
-
-/// `response` is a string in Ollama's /api/generate and an object in the
-/// Responses API.
-#[derive(Debug, Default)]
-enum StrOrResponse<'a> {
-    #[default]
-    Absent,
-    Str(bool),
-    Obj(Box<ResponsesObj<'a>>),
-}
-
-impl<'de: 'a, 'a> Deserialize<'de> for StrOrResponse<'a> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V<'a>(std::marker::PhantomData<&'a ()>);
-        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
-            type Value = StrOrResponse<'a>;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a string or an object")
-            }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<StrOrResponse<'a>, E> {
-                Ok(StrOrResponse::Str(!v.is_empty()))
-            }
-            fn visit_map<A: MapAccess<'de>>(self, m: A) -> Result<StrOrResponse<'a>, A::Error> {
-                let o = ResponsesObj::deserialize(de::value::MapAccessDeserializer::new(m))?;
-                Ok(StrOrResponse::Obj(Box::new(o)))
-            }
-            fn visit_unit<E: de::Error>(self) -> Result<StrOrResponse<'a>, E> {
-                Ok(StrOrResponse::Absent)
-            }
-        }
-        d.deserialize_any(V(std::marker::PhantomData))
-    }
-}
-
-/// The union of the fields every supported engine uses in a stream event
-/// or body; unknown fields are skipped without being built.
-#[derive(Deserialize, Default, Debug)]
-#[serde(default)]
-struct Obj<'a> {
-    #[serde(borrow)]
-    model: Loose<'a>,
-    #[serde(borrow)]
-    model_name: Loose<'a>,
-    usage: Option<Usage>,
-    timings: Option<Timings>,
-    // Responses API
-    #[serde(rename = "type", borrow)]
-    kind: Loose<'a>,
-    delta: Text,
-    #[serde(borrow)]
-    response: StrOrResponse<'a>,
-    // Ollama
-    message: Option<Delta>,
-    thinking: Text,
-    done: Option<bool>,
-    #[serde(borrow)]
-    done_reason: Loose<'a>,
-    prompt_eval_count: Num,
-    eval_count: Num,
-    // TGI
-    token: Option<TgiToken>,
-    generated_text: Text,
-    #[serde(borrow)]
-    details: Option<TgiDetails<'a>>,
-    // llama.cpp /completion
-    content: Text,
-    stop: Option<bool>,
-    tokens_predicted: Num,
-    tokens_evaluated: Num,
-    #[serde(borrow)]
-    stop_type: Loose<'a>,
-    // Triton
-    text_output: Text,
-    // errors
-    error: Option<IgnoredAny>,
-}
-
-/// The fields OpenAI-compatible events use: the hot path (most engines
-/// speak this), kept small so each event builds and drops little.
-#[derive(Deserialize, Default, Debug)]
-#[serde(default)]
-struct OpenAiObj<'a> {
-    #[serde(borrow)]
-    model: Loose<'a>,
-    #[serde(borrow)]
-    choices: Option<Choices<'a>>,
-    usage: Option<Usage>,
-    timings: Option<Timings>,
-    error: Option<IgnoredAny>,
-}
-
-/// OpenAI-compatible events (and unknown shapes, read the same way).
-fn interpret_openai(format: Format, json: &[u8]) -> Option<EventInfo<'_>> {
-    let o: OpenAiObj<'_> = serde_json::from_slice(json).ok()?;
-    let mut info = EventInfo {
-        model: o.model.0,
-        error: o.error.is_some(),
-        ..EventInfo::default()
-    };
-    if let Some(u) = &o.usage {
-        usage_into(u, &mut info);
-    }
-
-    if let Some(ch) = o.choices {
-        if ch.content != Content::None {
-            info.content = ch.content;
-            info.content_parts = ch.parts;
-        }
-        if ch.finish_reason.is_some() {
-            info.finish_reason = ch.finish_reason;
-        }
-    }
-    // llama.cpp's server puts its counts in `timings` when the
-    // client did not ask for usage.
-    if let Some(t) = &o.timings {
-        if info.input_tokens.is_none() {
-            info.input_tokens = t.prompt_n.0;
-        }
-        if info.output_tokens.is_none() {
-            info.output_tokens = t.predicted_n.0;
-        }
-    }
-    if format == Format::Unknown && info.content == Content::None {
-        // Unknown shapes: every event is a chunk; tokens unknown.
-        add(&mut info, Content::Answer);
-        info.input_tokens = None;
-        info.output_tokens = None;
-    }
-
-    Some(info)
-}
-
+/// Copies a `usage` object's token counts (either naming) into `info`.
 fn usage_into(u: &Usage, info: &mut EventInfo<'_>) {
     if let Some(n) = u.prompt_tokens.0.or(u.input_tokens.0) {
         info.input_tokens = Some(n);
@@ -633,8 +402,9 @@ fn usage_into(u: &Usage, info: &mut EventInfo<'_>) {
     }
 }
 
+/// The kind that wins for an event carrying both: answer or tool content
+/// outranks reasoning.
 fn stronger(a: Content, b: Content) -> Content {
-    // Answer/tool content outranks reasoning for an event carrying both.
     match (a, b) {
         (Content::None, x) | (x, Content::None) => x,
         (Content::Reasoning, x) => x,
@@ -642,6 +412,7 @@ fn stronger(a: Content, b: Content) -> Content {
     }
 }
 
+/// Counts one content part of kind `c` (nothing for `Content::None`).
 fn add(info: &mut EventInfo<'_>, c: Content) {
     if c != Content::None {
         info.content = stronger(info.content, c);
@@ -649,120 +420,39 @@ fn add(info: &mut EventInfo<'_>, c: Content) {
     }
 }
 
-/// Interprets one stream event (or a whole non-streamed body) of `format`.
-/// `None` when the bytes are not a JSON object at all.
-pub fn interpret(format: Format, json: &[u8]) -> Option<EventInfo<'_>> {
-    if matches!(
-        format,
-        Format::OpenAiChat | Format::OpenAiCompletions | Format::OpenAiEmbeddings | Format::Unknown
-    ) {
-        return interpret_openai(format, json);
-    }
-    let o: Obj<'_> = serde_json::from_slice(json).ok()?;
+/// The fields every non-OpenAI family reads the same way: model (`model`
+/// or `model_name`), a `usage` object and an `error` flag.
+fn common<'a>(
+    model: Loose<'a>,
+    model_name: Loose<'a>,
+    usage: Option<&Usage>,
+    error: bool,
+) -> EventInfo<'a> {
     let mut info = EventInfo {
-        model: o.model.0.or(o.model_name.0),
-        error: o.error.is_some(),
+        model: model.0.or(model_name.0),
+        error,
         ..EventInfo::default()
     };
-    if let Some(u) = &o.usage {
+    if let Some(u) = usage {
         usage_into(u, &mut info);
     }
+    info
+}
+
+/// Interprets one stream event (or a whole non-streamed body) of `format`.
+/// `None` when the bytes are not a JSON object of that family's shape.
+pub fn interpret(format: Format, json: &[u8]) -> Option<EventInfo<'_>> {
     match format {
         Format::OpenAiChat
         | Format::OpenAiCompletions
         | Format::OpenAiEmbeddings
-        | Format::Unknown => unreachable!("read by interpret_openai"),
-        Format::OpenAiResponses => {
-            let kind = o.kind.0.as_deref().unwrap_or("");
-            if o.delta.0 {
-                let c = match kind {
-                    "response.output_text.delta" | "response.refusal.delta" => Content::Answer,
-                    "response.function_call_arguments.delta" => Content::Tool,
-                    k if k.starts_with("response.reasoning") => Content::Reasoning,
-                    _ => Content::None,
-                };
-                add(&mut info, c);
-            }
-            if let StrOrResponse::Obj(r) = o.response {
-                let r = *r;
-                if let Some(u) = &r.usage {
-                    usage_into(u, &mut info);
-                }
-                if matches!(
-                    kind,
-                    "response.completed" | "response.incomplete" | "response.failed"
-                ) || kind.is_empty()
-                {
-                    info.finish_reason = r
-                        .incomplete_details
-                        .and_then(|d| d.reason.0)
-                        .or_else(|| r.status.0.clone());
-                }
-                if kind == "response.failed" || r.status.0.as_deref() == Some("failed") {
-                    info.error = true;
-                }
-                if info.model.is_none() {
-                    info.model = r.model.0;
-                }
-            }
-            if kind == "error" {
-                info.error = true;
-            }
-        }
-        Format::TgiGenerate => {
-            if let Some(t) = &o.token {
-                if t.text.0 && t.special != Some(true) {
-                    add(&mut info, Content::Answer);
-                }
-            } else if o.generated_text.0 {
-                add(&mut info, Content::Answer); // non-streamed /generate
-            }
-            if let Some(d) = o.details {
-                info.finish_reason = d.finish_reason.0;
-                info.output_tokens = d.generated_tokens.0;
-            }
-        }
-        Format::OllamaChat | Format::OllamaGenerate => {
-            if let Some(m) = &o.message {
-                add(&mut info, m.kind());
-            }
-            if let StrOrResponse::Str(true) = o.response {
-                add(&mut info, Content::Answer);
-            }
-            if o.thinking.0 {
-                add(&mut info, Content::Reasoning);
-            }
-            if o.done == Some(true) {
-                info.end_of_stream = true;
-                info.finish_reason = o.done_reason.0;
-                info.input_tokens = o.prompt_eval_count.0;
-                info.output_tokens = o.eval_count.0;
-            }
-        }
-        Format::LlamaCppCompletion => {
-            if o.content.0 {
-                add(&mut info, Content::Answer);
-            }
-            if o.stop == Some(true) {
-                info.end_of_stream = true;
-                info.finish_reason = o.stop_type.0;
-                info.output_tokens = o
-                    .tokens_predicted
-                    .0
-                    .or(o.timings.as_ref().and_then(|t| t.predicted_n.0));
-                info.input_tokens = o
-                    .tokens_evaluated
-                    .0
-                    .or(o.timings.as_ref().and_then(|t| t.prompt_n.0));
-            }
-        }
-        Format::TritonGenerate => {
-            if o.text_output.0 {
-                add(&mut info, Content::Answer);
-            }
-        }
+        | Format::Unknown => openai::interpret(format, json),
+        Format::OpenAiResponses => openai::interpret_responses(json),
+        Format::TgiGenerate => tgi::interpret(json),
+        Format::OllamaChat | Format::OllamaGenerate => ollama::interpret(json),
+        Format::LlamaCppCompletion => llamacpp::interpret(json),
+        Format::TritonGenerate => triton::interpret(json),
     }
-    Some(info)
 }
 
 #[cfg(test)]
@@ -786,32 +476,8 @@ mod tests {
         assert_eq!(Format::from_path("/generate_stream"), Format::TgiGenerate);
         assert_eq!(Format::from_path("/completion"), Format::LlamaCppCompletion);
         assert_eq!(Format::from_path("/api/chat"), Format::OllamaChat);
+        assert_eq!(Format::from_path("/v1/responses"), Format::OpenAiResponses);
         assert_eq!(Format::from_path("/metrics"), Format::Unknown);
-    }
-
-    #[test]
-    fn role_only_and_empty_chunks_are_not_content() {
-        let e = interpret(
-            Format::OpenAiChat,
-            br#"{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}"#,
-        )
-        .unwrap();
-        assert_eq!(e.content, Content::None);
-        let e = interpret(
-            Format::OpenAiChat,
-            br#"{"choices":[{"delta":{"content":"Hi"}}],"model":"m"}"#,
-        )
-        .unwrap();
-        assert_eq!(e.content, Content::Answer);
-        assert_eq!(e.model.as_deref(), Some("m"));
-    }
-
-    #[test]
-    fn odd_field_types_do_not_hide_the_rest() {
-        let e = interpret(Format::OpenAiChat, br#"{"choices":[{"delta":{"content":["x"],"reasoning_content":"r"}}],"usage":{"prompt_tokens":"7","completion_tokens":3}}"#).unwrap();
-        assert_eq!(e.content, Content::Reasoning);
-        assert_eq!(e.output_tokens, Some(3));
-        assert_eq!(e.input_tokens, None);
     }
 
     #[test]
@@ -821,5 +487,19 @@ mod tests {
         assert_eq!(r.stream, Some(true));
         assert_eq!(r.prompt_chars, Some(8));
         assert_eq!(request_info(b"not json"), RequestInfo::default());
+    }
+
+    #[test]
+    fn tolerant_fields_read_odd_types_as_absent() {
+        let n: Num = serde_json::from_str(r#"{"a":1}"#).unwrap();
+        assert_eq!(n.0, None);
+        let n: Num = serde_json::from_str("-3").unwrap();
+        assert_eq!(n.0, None);
+        let t: Text = serde_json::from_str("[1,2]").unwrap();
+        assert!(!t.0);
+        let l: Loose<'_> = serde_json::from_str("true").unwrap();
+        assert!(l.0.is_none());
+        let s: NonEmptySeq = serde_json::from_str("[{}]").unwrap();
+        assert!(s.0);
     }
 }

@@ -1,0 +1,111 @@
+//! Response bodies, whatever protocol framed them: the content type picks
+//! SSE, NDJSON or a whole (bounded) JSON body, and every event is handed to
+//! the exchange as its endpoint's engine format reads it.
+//!
+//! Owns: the body decoder of one response. Must not: know about framing
+//! (Content-Length, chunks, frames), read a clock, or hold more than
+//! `MAX_RESPONSE_BODY` of a plain body.
+
+use super::{
+    engines::{self, interpret, Format},
+    exchange::Exchange,
+    stream::{Ndjson, Sse},
+    MAX_RESPONSE_BODY,
+};
+
+pub enum Body {
+    Sse(Sse),
+    Ndjson(Ndjson),
+    Plain { buf: Vec<u8>, complete: bool },
+}
+
+impl Body {
+    /// The decoder for a response of `content_type` (lowercase); marks the
+    /// exchange as streamed when it is an event stream.
+    pub fn for_content_type(content_type: &str, x: &mut Exchange) -> Body {
+        let ndjson = content_type.starts_with("application/x-ndjson")
+            || content_type.starts_with("application/jsonl")
+            || content_type.starts_with("application/json-seq");
+        if content_type.starts_with("text/event-stream") {
+            x.stream = true;
+            Body::Sse(Sse::default())
+        } else if ndjson {
+            x.stream = true;
+            Body::Ndjson(Ndjson::default())
+        } else {
+            Body::Plain {
+                buf: Vec::new(),
+                complete: true,
+            }
+        }
+    }
+
+    /// Heap bytes held.
+    pub fn buffered(&self) -> usize {
+        match self {
+            Body::Sse(s) => s.buffered(),
+            Body::Ndjson(n) => n.buffered(),
+            Body::Plain { buf, .. } => buf.capacity(),
+        }
+    }
+
+    /// One piece of body, written at `ts`.
+    #[inline]
+    pub fn feed(&mut self, x: &mut Exchange, ts: u64, bytes: &[u8]) {
+        let format = x.format;
+        match self {
+            Body::Sse(sse) => sse.feed(bytes, &mut |ev| {
+                if ev.data == b"[DONE]" {
+                    x.on_stream_end();
+                    return;
+                }
+                feed_event(format, x, ts, ev.data);
+            }),
+            Body::Ndjson(nd) => nd.feed(bytes, &mut |line| feed_event(format, x, ts, line)),
+            Body::Plain { buf, .. } => {
+                let room = MAX_RESPONSE_BODY.saturating_sub(buf.len());
+                buf.extend_from_slice(&bytes[..bytes.len().min(room)]);
+            }
+        }
+    }
+
+    /// The body ended at `ts`: read a whole body, flush a last NDJSON line.
+    /// Returns how many events or bodies were too large to keep.
+    pub fn finish(self, x: &mut Exchange, ts: u64) -> u64 {
+        match self {
+            Body::Plain { buf, complete } => {
+                if complete && !buf.is_empty() {
+                    if let Some(info) = interpret(x.format, &buf) {
+                        x.on_body(info);
+                    }
+                }
+                u64::from(buf.len() >= MAX_RESPONSE_BODY)
+            }
+            Body::Ndjson(mut nd) => {
+                let format = x.format;
+                nd.finish(&mut |line| feed_event(format, x, ts, line));
+                nd.oversized()
+            }
+            Body::Sse(sse) => sse.oversized(),
+        }
+    }
+}
+
+/// One stream event (SSE data or NDJSON line).
+fn feed_event(format: Format, x: &mut Exchange, ts: u64, data: &[u8]) {
+    match interpret(format, data) {
+        Some(info) => x.on_stream_event(ts, info),
+        None if format == Format::Unknown => {
+            // Not JSON, unknown API: still a chunk with a time.
+            x.on_stream_event(
+                ts,
+                engines::EventInfo {
+                    content: engines::Content::Answer,
+                    content_parts: 1,
+                    ..Default::default()
+                },
+            )
+        }
+        None => {}
+    }
+}

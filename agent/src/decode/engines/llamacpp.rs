@@ -1,0 +1,64 @@
+//! llama.cpp's native `/completion`: one `content` piece per event; the
+//! `stop: true` event ends the stream with counts (top level or `timings`).
+
+use serde::de::IgnoredAny;
+use serde::Deserialize;
+
+use super::{add, common, Content, EventInfo, Loose, Num, Text, Timings, Usage};
+
+#[derive(Deserialize, Default, Debug)]
+#[serde(default)]
+struct CompletionEvent<'a> {
+    #[serde(borrow)]
+    model: Loose<'a>,
+    #[serde(borrow)]
+    model_name: Loose<'a>,
+    usage: Option<Usage>,
+    error: Option<IgnoredAny>,
+    content: Text,
+    stop: Option<bool>,
+    tokens_predicted: Num,
+    tokens_evaluated: Num,
+    #[serde(borrow)]
+    stop_type: Loose<'a>,
+    timings: Option<Timings>,
+}
+
+pub(super) fn interpret(json: &[u8]) -> Option<EventInfo<'_>> {
+    let o: CompletionEvent<'_> = serde_json::from_slice(json).ok()?;
+    let mut info = common(o.model, o.model_name, o.usage.as_ref(), o.error.is_some());
+    if o.content.0 {
+        add(&mut info, Content::Answer);
+    }
+    if o.stop == Some(true) {
+        info.end_of_stream = true;
+        info.finish_reason = o.stop_type.0;
+        info.output_tokens = o
+            .tokens_predicted
+            .0
+            .or(o.timings.as_ref().and_then(|t| t.predicted_n.0));
+        info.input_tokens = o
+            .tokens_evaluated
+            .0
+            .or(o.timings.as_ref().and_then(|t| t.prompt_n.0));
+    }
+    Some(info)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_stop_event_ends_the_stream_with_counts_from_either_place() {
+        let e = interpret(br#"{"content":"Hi","stop":false}"#).unwrap();
+        assert_eq!(e.content, Content::Answer);
+        assert!(!e.end_of_stream);
+        let e = interpret(br#"{"content":"","stop":true,"stop_type":"eos","tokens_predicted":5,"tokens_evaluated":2}"#).unwrap();
+        assert!(e.end_of_stream);
+        assert_eq!(e.finish_reason.as_deref(), Some("eos"));
+        assert_eq!((e.input_tokens, e.output_tokens), (Some(2), Some(5)));
+        let e = interpret(br#"{"stop":true,"timings":{"prompt_n":4,"predicted_n":6}}"#).unwrap();
+        assert_eq!((e.input_tokens, e.output_tokens), (Some(4), Some(6)));
+    }
+}

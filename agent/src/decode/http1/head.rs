@@ -1,0 +1,273 @@
+//! HTTP/1.x message heads, both directions: bytes are accumulated (bounded
+//! by `MAX_HEAD_BYTES`) until a blank line, parsed by `httparse`, and the
+//! body's framing is read from the headers. One `HeadBuf` serves requests
+//! and responses; what differs is the `Head` type parsed out of it.
+//!
+//! Must not: keep more than `MAX_HEAD_BYTES + 1` bytes, or keep header
+//! values other than those the records need.
+
+use super::chunked::Chunked;
+use crate::decode::MAX_HEAD_BYTES;
+
+const MAX_HEADERS: usize = 96;
+
+/// How a message's body ends.
+pub enum Framing {
+    None,
+    Length(u64),
+    Chunked(Chunked),
+    UntilClose,
+}
+
+/// The bytes stopped making sense as an HTTP/1 head.
+#[derive(Debug, PartialEq, Eq)]
+pub struct NotHttp;
+
+/// A head type `HeadBuf` can parse: the request line or the status line,
+/// plus what the machine keeps of the headers.
+pub trait Head: Sized {
+    /// `Ok(None)`: `buf` is not a complete head yet. `Ok(Some((head, n)))`:
+    /// the head is the first `n` bytes of `buf`.
+    fn parse(buf: &[u8]) -> Result<Option<(Self, usize)>, NotHttp>;
+}
+
+pub struct RequestHead {
+    pub method: String,
+    pub path: String,
+    /// `None`: no body (neither Content-Length nor chunked).
+    pub framing: Option<Framing>,
+}
+
+pub struct ResponseHead {
+    pub status: u16,
+    /// Lowercase; empty when absent.
+    pub content_type: String,
+    pub server: Option<String>,
+    /// `None`: the body runs until the connection closes.
+    pub framing: Option<Framing>,
+}
+
+impl Head for RequestHead {
+    fn parse(buf: &[u8]) -> Result<Option<(Self, usize)>, NotHttp> {
+        let mut hdrs = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut req = httparse::Request::new(&mut hdrs);
+        let n = match req.parse(buf) {
+            Ok(httparse::Status::Complete(n)) => n,
+            Ok(httparse::Status::Partial) => return Ok(None),
+            Err(_) => return Err(NotHttp),
+        };
+        let head = RequestHead {
+            method: req.method.unwrap_or("").to_string(),
+            path: req.path.unwrap_or("").to_string(),
+            framing: framing_of(req.headers)?,
+        };
+        Ok(Some((head, n)))
+    }
+}
+
+impl Head for ResponseHead {
+    fn parse(buf: &[u8]) -> Result<Option<(Self, usize)>, NotHttp> {
+        let mut hdrs = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut resp = httparse::Response::new(&mut hdrs);
+        let n = match resp.parse(buf) {
+            Ok(httparse::Status::Complete(n)) => n,
+            Ok(httparse::Status::Partial) => return Ok(None),
+            Err(_) => return Err(NotHttp),
+        };
+        let status = resp.code.unwrap_or(0);
+        // Interim responses carry no framing worth reading (and a 101's
+        // headers describe the next protocol).
+        let framing = if status < 200 {
+            None
+        } else {
+            framing_of(resp.headers)?
+        };
+        let head = ResponseHead {
+            status,
+            content_type: header_str(resp.headers, "content-type")
+                .unwrap_or_default()
+                .to_ascii_lowercase(),
+            server: header_str(resp.headers, "server"),
+            framing,
+        };
+        Ok(Some((head, n)))
+    }
+}
+
+/// Accumulates one head. A fresh one per message (its buffer is freed with
+/// it, so an idle connection holds nothing).
+#[derive(Default)]
+pub struct HeadBuf {
+    buf: Vec<u8>,
+    /// When the head's first byte was written.
+    first_byte_ns: Option<u64>,
+}
+
+impl HeadBuf {
+    /// Heap bytes held.
+    pub fn buffered(&self) -> usize {
+        self.buf.capacity()
+    }
+
+    /// Takes head bytes, written at `ts`, from the front of `data`
+    /// (advancing it past what was used). `Ok(Some((head, first_byte_ns)))`
+    /// once the head is complete: `data` then starts at the body. Blank
+    /// lines before a head are skipped (RFC 9112 §2.2).
+    pub fn feed<H: Head>(
+        &mut self,
+        data: &mut &[u8],
+        ts: u64,
+    ) -> Result<Option<(H, u64)>, NotHttp> {
+        if self.buf.is_empty() {
+            let skip = data
+                .iter()
+                .take_while(|b| **b == b'\r' || **b == b'\n')
+                .count();
+            *data = &data[skip..];
+            if data.is_empty() {
+                return Ok(None);
+            }
+        }
+        let first_byte_ns = *self.first_byte_ns.get_or_insert(ts);
+        let from = self.buf.len();
+        // Never more than one byte past the limit, so a 1 MiB header line
+        // costs 64 KiB.
+        let take = data
+            .len()
+            .min(MAX_HEAD_BYTES + 1 - from.min(MAX_HEAD_BYTES));
+        self.buf.extend_from_slice(&data[..take]);
+        if !has_head_end(&self.buf, from) {
+            if self.buf.len() > MAX_HEAD_BYTES {
+                return Err(NotHttp);
+            }
+            *data = &data[take..];
+            return Ok(None);
+        }
+        match H::parse(&self.buf)? {
+            None => {
+                *data = &data[take..];
+                Ok(None)
+            }
+            Some((head, n)) => {
+                // Bytes of this piece that belonged to the head.
+                let used = n - from;
+                *data = &data[used.min(data.len())..];
+                self.buf = Vec::new();
+                self.first_byte_ns = None;
+                Ok(Some((head, first_byte_ns)))
+            }
+        }
+    }
+}
+
+/// Is there a complete head (blank line) in `buf`, looking only at bytes
+/// from `from` on (minus 3 for a terminator split across appends)?
+fn has_head_end(buf: &[u8], from: usize) -> bool {
+    let start = from.saturating_sub(3);
+    memchr::memmem::find(&buf[start..], b"\n\r\n").is_some()
+        || memchr::memmem::find(&buf[start..], b"\n\n").is_some()
+}
+
+fn header<'a>(headers: &'a [httparse::Header<'_>], name: &str) -> Option<&'a [u8]> {
+    headers
+        .iter()
+        .find(|h| h.name.eq_ignore_ascii_case(name))
+        .map(|h| h.value)
+}
+
+fn header_str(headers: &[httparse::Header<'_>], name: &str) -> Option<String> {
+    header(headers, name).map(|v| String::from_utf8_lossy(v).trim().to_string())
+}
+
+/// Chunked transfer coding wins over Content-Length (RFC 9112 §6.3); a
+/// Content-Length that is not a number is not HTTP we can follow.
+fn framing_of(headers: &[httparse::Header<'_>]) -> Result<Option<Framing>, NotHttp> {
+    if let Some(te) = header(headers, "transfer-encoding") {
+        if String::from_utf8_lossy(te)
+            .to_ascii_lowercase()
+            .contains("chunked")
+        {
+            return Ok(Some(Framing::Chunked(Chunked::default())));
+        }
+    }
+    match header(headers, "content-length") {
+        Some(v) => std::str::from_utf8(v)
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .map(|n| Some(Framing::Length(n)))
+            .ok_or(NotHttp),
+        None => Ok(None),
+    }
+}
+
+/// Does `data` start like an HTTP request line (`METHOD /…`)?
+pub fn looks_like_request(data: &[u8]) -> bool {
+    let n = data.iter().take(16).position(|&b| b == b' ');
+    match n {
+        Some(n) if n > 0 => {
+            data[..n].iter().all(|b| b.is_ascii_uppercase())
+                && matches!(data.get(n + 1), Some(b'/') | Some(b'*') | Some(b'h'))
+        }
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn feed_all<H: Head>(pieces: &[&[u8]]) -> (Option<(H, u64)>, Vec<u8>) {
+        let mut h = HeadBuf::default();
+        for (i, p) in pieces.iter().enumerate() {
+            let mut data = *p;
+            if let Some(done) = h.feed::<H>(&mut data, i as u64 + 1).unwrap() {
+                let rest = [&[data], &pieces[i + 1..]].concat().concat();
+                return (Some(done), rest);
+            }
+            assert!(data.is_empty());
+        }
+        (None, vec![])
+    }
+
+    #[test]
+    fn one_head_parser_reads_requests_and_responses_split_anywhere() {
+        let req: &[u8] = b"\r\nPOST /v1/completions HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}";
+        let resp: &[u8] = b"HTTP/1.1 200 OK\r\nServer: llama.cpp\r\nContent-Type: Text/Event-Stream\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n";
+        for cut in 0..req.len() {
+            let (head, rest) = feed_all::<RequestHead>(&[&req[..cut], &req[cut..]]);
+            let (h, first) = head.unwrap();
+            assert_eq!(
+                (h.method.as_str(), h.path.as_str()),
+                ("POST", "/v1/completions")
+            );
+            assert!(matches!(h.framing, Some(Framing::Length(2))));
+            assert_eq!(rest, b"{}");
+            // The first byte after the blank line dates the request.
+            assert_eq!(first, if cut <= 2 { 2 } else { 1 }, "cut {cut}");
+        }
+        for cut in 0..resp.len() {
+            let (head, rest) = feed_all::<ResponseHead>(&[&resp[..cut], &resp[cut..]]);
+            let (h, _) = head.unwrap();
+            assert_eq!(h.status, 200);
+            assert_eq!(h.content_type, "text/event-stream");
+            assert_eq!(h.server.as_deref(), Some("llama.cpp"));
+            assert!(matches!(h.framing, Some(Framing::Chunked(_))));
+            assert_eq!(rest, b"0\r\n\r\n");
+        }
+    }
+
+    #[test]
+    fn bad_lengths_garbage_and_endless_heads_are_not_http() {
+        let mut h = HeadBuf::default();
+        let mut d: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n";
+        assert_eq!(h.feed::<ResponseHead>(&mut d, 1).err(), Some(NotHttp));
+        let mut h = HeadBuf::default();
+        let mut d: &[u8] = b"\x16\x03\x01 hello\r\n\r\n";
+        assert_eq!(h.feed::<RequestHead>(&mut d, 1).err(), Some(NotHttp));
+        let mut h = HeadBuf::default();
+        let big = vec![b'a'; MAX_HEAD_BYTES + 10];
+        let mut d: &[u8] = &big;
+        assert_eq!(h.feed::<RequestHead>(&mut d, 1).err(), Some(NotHttp));
+        assert!(h.buffered() <= 2 * MAX_HEAD_BYTES);
+    }
+}

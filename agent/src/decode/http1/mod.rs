@@ -1,0 +1,455 @@
+//! The HTTP/1.1 connection machine: requests and responses framed by
+//! Content-Length, chunked transfer or connection close; keep-alive,
+//! pipelining (a FIFO of exchanges), `100 Continue`, HEAD/204/304 without
+//! bodies. Response bodies go to `decode::body`.
+//!
+//! Owns: one connection's HTTP/1 parsing state and its bounds. Must not:
+//! read a clock, hold unbounded memory, or panic on any input (bytes that
+//! stop being HTTP end the in-flight requests with an `error_type` and the
+//! connection waits for a request line). A `101 Switching Protocols` ends
+//! its part: the dispatcher (`decode`) stops feeding it.
+
+pub mod chunked;
+pub mod head;
+
+use std::collections::VecDeque;
+
+use self::head::{looks_like_request, Framing, HeadBuf, NotHttp, RequestHead, ResponseHead};
+use super::{
+    body::Body,
+    engines::{provider_from_server_header, request_info},
+    exchange::Exchange,
+    ConnInfo, Flow, Out, Piece, MAX_PIPELINE, MAX_REQUEST_BODY,
+};
+use crate::event::{Dir, Role};
+
+enum ReqState {
+    Head(HeadBuf),
+    Body {
+        seq: u64,
+        framing: Framing,
+        buf: Vec<u8>,
+        complete: bool,
+    },
+}
+
+enum RespState {
+    Head(HeadBuf),
+    Body {
+        framing: Framing,
+        body: Body,
+        head_request: bool,
+    },
+}
+
+pub struct Http1Conn {
+    req: ReqState,
+    resp: RespState,
+    /// Requests in arrival order; the front one is being answered.
+    queue: VecDeque<Exchange>,
+    /// Ignore bytes until a plausible request line starts a request-side
+    /// event.
+    broken: bool,
+    /// HEAD requests in flight, by exchange seq (their responses have no body).
+    heads: Vec<u64>,
+}
+
+impl Default for Http1Conn {
+    fn default() -> Self {
+        Self {
+            req: ReqState::Head(HeadBuf::default()),
+            resp: RespState::Head(HeadBuf::default()),
+            queue: VecDeque::new(),
+            broken: false,
+            heads: Vec::new(),
+        }
+    }
+}
+
+impl Http1Conn {
+    /// Heap bytes held in parsing buffers.
+    pub fn buffered(&self) -> usize {
+        let req = match &self.req {
+            ReqState::Head(h) => h.buffered(),
+            ReqState::Body { buf, .. } => buf.capacity(),
+        };
+        let resp = match &self.resp {
+            RespState::Head(h) => h.buffered(),
+            RespState::Body { body, .. } => body.buffered(),
+        };
+        req + resp
+    }
+
+    /// Requests waiting for (the end of) their response.
+    pub fn in_flight(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// End of input (replay finished): requests still in flight end as
+    /// `truncated_capture`.
+    pub fn finish(mut self, out: &mut Out<'_>) {
+        let end = self
+            .queue
+            .iter()
+            .filter_map(|x| x.last_response_byte_ns)
+            .max()
+            .unwrap_or(0);
+        while let Some(x) = self.queue.pop_front() {
+            let end = x.last_response_byte_ns.unwrap_or(end.max(x.t0_ns));
+            out.emit(x.finish(end, Some("truncated_capture")));
+        }
+    }
+
+    /// The connection was closed by the traced process.
+    pub fn close(mut self, ts: u64, out: &mut Out<'_>) {
+        // A body delimited by the close is complete now.
+        if let RespState::Body {
+            framing: Framing::UntilClose,
+            ..
+        } = self.resp
+        {
+            if !self.queue.is_empty() {
+                self.end_response(ts, out);
+            }
+        }
+        // Anything still pending was cut off by the traced process itself
+        // (a client going away shows up earlier, as EOF or a failed write).
+        self.fail_all(ts, "upstream_reset", out);
+    }
+
+    /// The fd was reused without a close event.
+    pub fn abandon(mut self, ts: u64, out: &mut Out<'_>) {
+        self.fail_all(ts, "truncated_capture", out);
+    }
+
+    fn fail_all(&mut self, ts: u64, why: &str, out: &mut Out<'_>) {
+        while let Some(x) = self.queue.pop_front() {
+            let end = x.last_response_byte_ns.unwrap_or(ts);
+            out.emit(x.finish(end, Some(why)));
+        }
+    }
+
+    /// One call's bytes (or its failure) on this connection.
+    pub fn on_data(&mut self, conn: &ConnInfo, out: &mut Out<'_>, p: Piece<'_>) -> Flow {
+        let is_request = p.dir == conn.request_dir();
+        if p.ret < 0 || (p.ret == 0 && p.dir == Dir::In) {
+            self.on_gone(conn, out, p, is_request);
+            return Flow::Continue;
+        }
+        if self.broken {
+            if is_request && looks_like_request(p.data) {
+                self.broken = false;
+                self.reset();
+            } else {
+                return Flow::Continue;
+            }
+        }
+        let missing = (p.ret as u64).saturating_sub(p.data.len() as u64);
+        let step = if is_request {
+            self.request_bytes(conn, out, p.ts_ns, p.data)
+                .and_then(|()| self.request_gap(missing))
+                .map(|()| Flow::Continue)
+        } else {
+            self.response_bytes(out, p.ts_ns, p.data)
+                .and_then(|flow| self.response_gap(missing).map(|()| flow))
+        };
+        match step {
+            Ok(Flow::Unsupported) => Flow::Unsupported,
+            Ok(Flow::Continue) => Flow::Continue,
+            Err(NotHttp) => {
+                let why = if missing > 0 {
+                    "truncated_capture"
+                } else {
+                    "decode_error"
+                };
+                out.stats.desyncs += 1;
+                self.fail_all(p.ts_ns, why, out);
+                self.reset();
+                self.broken = true;
+                Flow::Continue
+            }
+        }
+    }
+
+    /// A failed write or read, or end of file on a read: the peer is gone
+    /// (server role) or the upstream is (client role).
+    fn on_gone(&mut self, conn: &ConnInfo, out: &mut Out<'_>, p: Piece<'_>, is_request: bool) {
+        let gone = if conn.role == Role::Server {
+            "client_disconnect"
+        } else {
+            "upstream_reset"
+        };
+        if !is_request && p.ret == 0 {
+            // Client role: a response delimited by the close is done.
+            if let RespState::Body {
+                framing: Framing::UntilClose,
+                ..
+            } = self.resp
+            {
+                self.end_response(p.ts_ns, out);
+            }
+        }
+        while let Some(x) = self.queue.pop_front() {
+            let end = x.last_response_byte_ns.unwrap_or(p.ts_ns);
+            // A client that hangs up after the stream's end marker but
+            // before the HTTP framing's end (uvicorn writes the last chunk
+            // after `[DONE]`; the openai SDK closes on `[DONE]`) got its
+            // whole answer.
+            let err = (!x.stream_ended()).then_some(gone);
+            out.emit(x.finish(end, err));
+        }
+        self.reset();
+        self.broken = true;
+    }
+
+    fn reset(&mut self) {
+        self.req = ReqState::Head(HeadBuf::default());
+        self.resp = RespState::Head(HeadBuf::default());
+        self.heads.clear();
+    }
+
+    /// Bytes of the request direction.
+    fn request_bytes(
+        &mut self,
+        conn: &ConnInfo,
+        out: &mut Out<'_>,
+        ts: u64,
+        mut data: &[u8],
+    ) -> Result<(), NotHttp> {
+        while !data.is_empty() {
+            match &mut self.req {
+                ReqState::Head(h) => {
+                    let Some((head, t0)) = h.feed::<RequestHead>(&mut data, ts)? else {
+                        continue;
+                    };
+                    if self.queue.len() >= MAX_PIPELINE {
+                        return Err(NotHttp);
+                    }
+                    let seq = out.next_seq();
+                    let x = Exchange::new(
+                        seq,
+                        conn.pid,
+                        conn.server_port,
+                        conn.client.clone(),
+                        &head.method,
+                        &head.path,
+                        t0,
+                    );
+                    if head.method == "HEAD" {
+                        self.heads.push(seq);
+                    }
+                    self.queue.push_back(x);
+                    let framing = head.framing.unwrap_or(Framing::None);
+                    let complete = matches!(framing, Framing::None | Framing::Length(0));
+                    self.req = ReqState::Body {
+                        seq,
+                        complete,
+                        framing,
+                        buf: Vec::new(),
+                    };
+                    if complete {
+                        self.request_done();
+                    }
+                }
+                ReqState::Body { framing, buf, .. } => {
+                    let keep = |b: &[u8], buf: &mut Vec<u8>| {
+                        let room = MAX_REQUEST_BODY.saturating_sub(buf.len());
+                        buf.extend_from_slice(&b[..b.len().min(room)]);
+                    };
+                    let (used, done) = match framing {
+                        Framing::Length(left) => {
+                            let n = (*left).min(data.len() as u64) as usize;
+                            keep(&data[..n], buf);
+                            *left -= n as u64;
+                            (n, *left == 0)
+                        }
+                        Framing::Chunked(c) => {
+                            let mut sink = |b: &[u8]| keep(b, buf);
+                            match c.feed(data, &mut sink) {
+                                Ok(n) => (n, c.is_done()),
+                                Err(_) => return Err(NotHttp),
+                            }
+                        }
+                        Framing::None | Framing::UntilClose => (0, true),
+                    };
+                    data = &data[used..];
+                    if done {
+                        self.request_done();
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Capture dropped `missing` request bytes at the end of the last call.
+    fn request_gap(&mut self, missing: u64) -> Result<(), NotHttp> {
+        if missing == 0 {
+            return Ok(());
+        }
+        match &mut self.req {
+            ReqState::Body {
+                framing: Framing::Length(left),
+                complete,
+                ..
+            } if missing <= *left => {
+                *left -= missing;
+                *complete = false; // the body JSON is incomplete
+                if *left == 0 {
+                    self.request_done();
+                }
+                Ok(())
+            }
+            ReqState::Body {
+                framing: Framing::Chunked(c),
+                complete,
+                ..
+            } => {
+                *complete = false;
+                if c.skip(missing) {
+                    Ok(())
+                } else {
+                    Err(NotHttp)
+                }
+            }
+            _ => Err(NotHttp),
+        }
+    }
+
+    /// The request body is complete: read what it says, expect the next head.
+    fn request_done(&mut self) {
+        let state = std::mem::replace(&mut self.req, ReqState::Head(HeadBuf::default()));
+        if let ReqState::Body { seq, buf, .. } = state {
+            if let Some(x) = self.queue.iter_mut().find(|x| x.seq == seq) {
+                if !buf.is_empty() {
+                    x.request = request_info(&buf);
+                }
+            }
+        }
+    }
+
+    /// Bytes of the response direction.
+    fn response_bytes(
+        &mut self,
+        out: &mut Out<'_>,
+        ts: u64,
+        mut data: &[u8],
+    ) -> Result<Flow, NotHttp> {
+        if let Some(x) = self.queue.front_mut() {
+            x.last_response_byte_ns = Some(ts);
+        }
+        while !data.is_empty() {
+            match &mut self.resp {
+                RespState::Head(h) => {
+                    let Some((head, _)) = h.feed::<ResponseHead>(&mut data, ts)? else {
+                        continue;
+                    };
+                    if head.status == 101 {
+                        // The connection now speaks another protocol (h2c,
+                        // a websocket): what was asked ends here.
+                        if let Some(x) = self.queue.front_mut() {
+                            x.status = Some(101);
+                        }
+                        self.fail_all(ts, "unsupported_protocol", out);
+                        return Ok(Flow::Unsupported);
+                    }
+                    if (100..200).contains(&head.status) {
+                        self.resp = RespState::Head(HeadBuf::default());
+                        continue;
+                    }
+                    let Some(x) = self.queue.front_mut() else {
+                        out.stats.orphan_responses += 1;
+                        return Err(NotHttp);
+                    };
+                    let head_request = self.heads.first() == Some(&x.seq);
+                    x.status = Some(head.status);
+                    x.last_response_byte_ns = Some(ts);
+                    if x.provider.is_none() {
+                        x.provider = head.server.as_deref().and_then(provider_from_server_header);
+                    }
+                    let body = Body::for_content_type(&head.content_type, x);
+                    let no_body = head_request || head.status == 204 || head.status == 304;
+                    let framing = if no_body {
+                        Framing::None
+                    } else {
+                        head.framing.unwrap_or(Framing::UntilClose)
+                    };
+                    let empty = matches!(framing, Framing::None | Framing::Length(0));
+                    self.resp = RespState::Body {
+                        framing,
+                        body,
+                        head_request,
+                    };
+                    if empty {
+                        self.end_response(ts, out);
+                    }
+                }
+                RespState::Body { framing, body, .. } => {
+                    let Some(x) = self.queue.front_mut() else {
+                        return Err(NotHttp);
+                    };
+                    let mut sink = |b: &[u8]| body.feed(x, ts, b);
+                    let (used, done) = match framing {
+                        Framing::Length(left) => {
+                            let n = (*left).min(data.len() as u64) as usize;
+                            sink(&data[..n]);
+                            *left -= n as u64;
+                            (n, *left == 0)
+                        }
+                        Framing::Chunked(c) => match c.feed(data, &mut sink) {
+                            Ok(n) => (n, c.is_done()),
+                            Err(_) => return Err(NotHttp),
+                        },
+                        Framing::UntilClose => {
+                            sink(data);
+                            (data.len(), false)
+                        }
+                        Framing::None => (0, true),
+                    };
+                    data = &data[used..];
+                    if done {
+                        self.end_response(ts, out);
+                    }
+                }
+            }
+        }
+        Ok(Flow::Continue)
+    }
+
+    fn response_gap(&mut self, missing: u64) -> Result<(), NotHttp> {
+        if missing == 0 {
+            return Ok(());
+        }
+        match &mut self.resp {
+            RespState::Body {
+                framing: Framing::Length(left),
+                body: Body::Plain { complete, .. },
+                ..
+            } if missing <= *left => {
+                *left -= missing;
+                *complete = false;
+                Ok(())
+            }
+            _ => Err(NotHttp),
+        }
+    }
+
+    /// The front exchange's response is complete at `ts`.
+    fn end_response(&mut self, ts: u64, out: &mut Out<'_>) {
+        let state = std::mem::replace(&mut self.resp, RespState::Head(HeadBuf::default()));
+        let Some(mut x) = self.queue.pop_front() else {
+            return;
+        };
+        if let RespState::Body {
+            body, head_request, ..
+        } = state
+        {
+            if head_request {
+                self.heads.retain(|s| *s != x.seq);
+            }
+            out.stats.oversized += body.finish(&mut x, ts);
+        }
+        let end = x.last_response_byte_ns.unwrap_or(ts);
+        out.emit(x.finish(end, None));
+    }
+}
