@@ -276,6 +276,11 @@ mod tests {
             ttft_reasoning_s: None,
             ttft_answer_s: None,
             t0_ns: t0_s * 1_000_000_000,
+            gpu_uuids: None,
+            gpu_util_avg: None,
+            gpu_mem_used_bytes: None,
+            energy_j: None,
+            energy_source: None,
         }
     }
 

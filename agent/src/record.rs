@@ -49,6 +49,19 @@ pub struct RequestRecord {
     pub ttft_answer_s: Option<f64>,
     /// Nanosecond t0, for joins and replays.
     pub t0_ns: u64,
+    /// The serving engine's GPUs (UUIDs), from the GPU join; null when GPU
+    /// sampling is off or the engine has no process on a GPU.
+    pub gpu_uuids: Option<Vec<String>>,
+    /// Mean GPU utilisation (0–1) of those GPUs over the request's
+    /// lifetime, time-weighted over the samples inside it; null if none.
+    pub gpu_util_avg: Option<f64>,
+    /// GPU memory held by the engine's processes at the request's end.
+    pub gpu_mem_used_bytes: Option<u64>,
+    /// The request's share of its engine's GPU energy (docs/metrics.md).
+    pub energy_j: Option<f64>,
+    /// Where `energy_j` came from: `counter` (the GPUs' energy counters) or
+    /// `power` (power × time, where a counter is unsupported or reset).
+    pub energy_source: Option<String>,
 }
 
 /// A finished request as the pipeline carries it: the record (what the log
@@ -57,8 +70,23 @@ pub struct RequestRecord {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Finished {
     pub record: RequestRecord,
+    /// The decoder's id of this request (unique per run), joining it to
+    /// what was observed while it was in flight ([`InFlight`]).
+    pub seq: u64,
+    /// Content-bearing stream events written (0 for a non-streamed body).
+    pub content_events: u64,
     /// Gaps between consecutive content-bearing writes, in seconds.
     pub chunk_gaps_s: Vec<f64>,
+}
+
+/// A request still in flight, as the GPU join sees it at a sample.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InFlight {
+    pub seq: u64,
+    pub pid: u32,
+    pub t0_ns: u64,
+    /// Content-bearing events written so far.
+    pub content_events: u64,
 }
 
 impl std::ops::Deref for Finished {

@@ -92,6 +92,16 @@ impl Exchange {
         self.stream_ended = true;
     }
 
+    /// What the GPU join needs of a request still in flight.
+    pub fn in_flight(&self) -> crate::record::InFlight {
+        crate::record::InFlight {
+            seq: self.seq,
+            pid: self.pid,
+            t0_ns: self.t0_ns,
+            content_events: self.content_events,
+        }
+    }
+
     /// Whether the stream's end marker has been written.
     pub fn stream_ended(&self) -> bool {
         self.stream_ended
@@ -229,9 +239,16 @@ impl Exchange {
                 None
             },
             t0_ns: self.t0_ns,
+            gpu_uuids: None,
+            gpu_util_avg: None,
+            gpu_mem_used_bytes: None,
+            energy_j: None,
+            energy_source: None,
         };
         Finished {
             record,
+            seq: self.seq,
+            content_events: self.content_events,
             chunk_gaps_s: self.gaps,
         }
     }

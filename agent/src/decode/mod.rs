@@ -266,6 +266,15 @@ impl Decoder {
             .sum()
     }
 
+    /// Every request in flight now (for the GPU join's energy split).
+    pub fn in_flight_requests(&self, out: &mut Vec<crate::record::InFlight>) {
+        for c in self.conns.values() {
+            if let Proto::Http1(h) = &c.proto {
+                h.each_in_flight(&mut |x| out.push(x));
+            }
+        }
+    }
+
     pub fn on_event(&mut self, ev: &SocketEvent, records: &mut Vec<Finished>) {
         self.stats.events += 1;
         let Decoder {

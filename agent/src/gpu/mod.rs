@@ -2,4 +2,5 @@
 //! per-request GPU fields and energy attribution.
 
 pub mod join;
+pub mod stage;
 pub mod types;

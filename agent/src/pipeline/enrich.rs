@@ -57,6 +57,11 @@ mod tests {
             ttft_reasoning_s: None,
             ttft_answer_s: None,
             t0_ns: 0,
+            gpu_uuids: None,
+            gpu_util_avg: None,
+            gpu_mem_used_bytes: None,
+            energy_j: None,
+            energy_source: None,
         }
     }
 

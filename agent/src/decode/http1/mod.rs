@@ -85,6 +85,13 @@ impl Http1Conn {
         self.queue.len()
     }
 
+    /// Each request in flight.
+    pub fn each_in_flight(&self, f: &mut dyn FnMut(crate::record::InFlight)) {
+        for x in &self.queue {
+            f(x.in_flight());
+        }
+    }
+
     /// End of input (replay finished): requests still in flight end as
     /// `truncated_capture`.
     pub fn finish(mut self, out: &mut Out<'_>) {
