@@ -83,6 +83,12 @@ pub struct MetricsConfig {
     pub max_models: usize,
 }
 
+/// What the metrics sink exports about GPUs, when GPU sampling is on.
+#[derive(Clone)]
+pub struct GpuExport {
+    pub view: crate::gpu::stage::SharedView,
+}
+
 /// Wraps the OTLP exporter to count failures and report them once per
 /// export interval (never per record), and to say when exports recover.
 struct Counted<E> {
@@ -135,6 +141,8 @@ pub struct Metrics {
     tokens: Histogram<u64>,
     requests: Counter<u64>,
     attrs: AttributeMap,
+    /// Engine pid → (engine, model) from records, for GPU instruments.
+    engine_names: crate::gpu::engine_instruments::EngineNames,
 }
 
 /// An attribute with unbounded values (model names, later tenants): the
@@ -257,7 +265,7 @@ fn http_url(endpoint: &str) -> String {
 
 impl Metrics {
     /// Builds the exporter and instruments. Needs a tokio runtime for gRPC.
-    pub fn new(cfg: &MetricsConfig, health: Arc<Health>) -> Result<Self> {
+    pub fn new(cfg: &MetricsConfig, health: Arc<Health>, gpu: Option<GpuExport>) -> Result<Self> {
         if let Some(e) = &cfg.endpoint {
             if !(e.starts_with("http://") || e.starts_with("https://")) {
                 bail!("--otlp-endpoint must be an http:// or https:// URL, got {e:?}");
@@ -435,7 +443,12 @@ impl Metrics {
             .with_description("Requests received and not yet answered (concurrency)")
             .with_callback(move |o| o.observe(hi.in_flight.load(Ordering::Relaxed), &[]))
             .build();
+        let engine_names = crate::gpu::engine_instruments::EngineNames::default();
+        if let Some(g) = gpu {
+            crate::gpu::engine_instruments::register(&meter, g.view.clone(), engine_names.clone());
+        }
         Ok(Self {
+            engine_names,
             provider,
             ttft,
             tpot,
@@ -449,6 +462,17 @@ impl Metrics {
 
     pub fn record(&mut self, f: &Finished) {
         let r = &f.record;
+        if r.gpu_uuids.is_some() {
+            let model = self.attrs.capped(
+                CapKey::Model,
+                r.response_model.as_deref().or(r.request_model.as_deref()),
+            );
+            let mut n = self.engine_names.lock().unwrap_or_else(|p| p.into_inner());
+            n.insert(
+                r.pid,
+                (r.provider.clone().unwrap_or_else(|| UNKNOWN.into()), model),
+            );
+        }
         let attrs = self.attrs.of(r);
         self.requests.add(1, &attrs);
         if let Some(d) = r.duration_s {

@@ -273,6 +273,52 @@ pub fn descendants(proc_root: &Path, root_pid: u32) -> Vec<u32> {
     out
 }
 
+/// The ancestors of `pid`, nearest first (parent, grandparent, … up to
+/// pid 1), from `/proc/*/stat`; bounded at 64 levels.
+pub fn ancestors(proc_root: &Path, pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    let mut p = pid;
+    while out.len() < 64 {
+        let Some(ppid) = fs::read_to_string(proc_root.join(format!("{p}/stat")))
+            .ok()
+            .as_deref()
+            .and_then(parse_stat_ppid)
+        else {
+            break;
+        };
+        if ppid == 0 || out.contains(&ppid) {
+            break;
+        }
+        out.push(ppid);
+        p = ppid;
+    }
+    out
+}
+
+/// The container `pid` runs in, as the cgroup path of its container
+/// (Kubernetes pods, Docker, containerd, CRI-O, podman; cgroup v1 or v2),
+/// or None outside a container (a system or user slice is shared by
+/// unrelated processes, so it is not an identity).
+pub fn container_scope(proc_root: &Path, pid: u32) -> Option<String> {
+    let text = fs::read_to_string(proc_root.join(format!("{pid}/cgroup"))).ok()?;
+    container_scope_of(&text)
+}
+
+/// [`container_scope`] of the text of `/proc/PID/cgroup`.
+pub fn container_scope_of(cgroup: &str) -> Option<String> {
+    const MARKERS: [&str; 6] = ["kubepods", "docker", "containerd", "crio", "libpod", "cri-o"];
+    // v2 (`0::/path`) first, else the first v1 hierarchy naming a container.
+    let mut paths: Vec<&str> = cgroup
+        .lines()
+        .filter_map(|l| l.splitn(3, ':').nth(2))
+        .collect();
+    paths.sort_by_key(|p| !cgroup.contains(&format!("0::{p}")));
+    paths
+        .into_iter()
+        .find(|p| MARKERS.iter().any(|m| p.contains(m)))
+        .map(str::to_string)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -400,6 +446,26 @@ mod tests {
             "comm with parentheses and spaces"
         );
         assert_eq!(parse_stat_ppid("garbage"), None);
+    }
+
+    #[test]
+    fn containers_are_recognised_and_shared_slices_are_not() {
+        let k8s = "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1234.slice/cri-containerd-abcd.scope\n";
+        assert_eq!(
+            container_scope_of(k8s).as_deref(),
+            Some("/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1234.slice/cri-containerd-abcd.scope")
+        );
+        let v1 = "12:pids:/kubepods/burstable/pod1234/abcd\n1:name=systemd:/kubepods/burstable/pod1234/abcd\n";
+        assert_eq!(
+            container_scope_of(v1).as_deref(),
+            Some("/kubepods/burstable/pod1234/abcd")
+        );
+        assert_eq!(
+            container_scope_of("0::/system.slice/docker-0123.scope\n").as_deref(),
+            Some("/system.slice/docker-0123.scope")
+        );
+        assert_eq!(container_scope_of("0::/user.slice/user-0.slice/session-3.scope\n"), None);
+        assert_eq!(container_scope_of("garbage"), None);
     }
 
     #[test]

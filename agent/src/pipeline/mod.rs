@@ -31,6 +31,7 @@ use anyhow::Result;
 
 use self::{enrich::Enricher, health::Health};
 use crate::{
+    gpu::{join::ProcSnapshot, stage::GpuStage, types::GpuSample},
     capture::{Capture, CaptureStats, ProcEvent},
     decode::Decoder,
     event::SocketEvent,
@@ -62,6 +63,9 @@ pub struct Tick<'a> {
 #[derive(Default, Debug)]
 pub struct NodeState {
     pub processes: HashMap<u32, ProcessInfo>,
+    /// GPU samples (with the /proc facts the join needs) not yet taken by
+    /// the pipeline's GPU stage.
+    pub gpu_samples: Vec<(GpuSample, ProcSnapshot)>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -97,7 +101,11 @@ pub struct Pipeline {
     sinks: Vec<Box<dyn Sink>>,
     pub node: NodeState,
     pub health: Arc<Health>,
+    /// Joins GPU state into records of engines on GPUs (None: no GPU
+    /// sampling).
+    gpu: Option<GpuStage>,
     finished: Vec<Finished>,
+    ready: Vec<Finished>,
 }
 
 impl Pipeline {
@@ -108,8 +116,16 @@ impl Pipeline {
             sinks: Vec::new(),
             node: NodeState::default(),
             health,
+            gpu: None,
             finished: Vec::new(),
+            ready: Vec::new(),
         }
+    }
+
+    /// Adds the GPU join (records of GPU engines wait for the next sample).
+    pub fn gpu(mut self, stage: GpuStage) -> Self {
+        self.gpu = Some(stage);
+        self
     }
 
     pub fn enricher(mut self, e: impl Enricher + 'static) -> Self {
@@ -140,11 +156,42 @@ impl Pipeline {
             for e in &mut self.enrichers {
                 e.enrich(&mut f.record, &self.node);
             }
+            match &mut self.gpu {
+                Some(g) => g.on_finished(f, &mut self.ready),
+                None => self.ready.push(f),
+            }
+        }
+        self.to_sinks()
+    }
+
+    fn to_sinks(&mut self) -> Result<()> {
+        for f in self.ready.drain(..) {
             for s in &mut self.sinks {
                 s.record(&f)?;
             }
         }
         Ok(())
+    }
+
+    /// Hands GPU samples the tasks queued in [`NodeState`] to the GPU
+    /// stage (each closes an interval and releases the records that ended
+    /// in it).
+    pub fn gpu_samples(&mut self) -> Result<()> {
+        let samples = std::mem::take(&mut self.node.gpu_samples);
+        let Some(g) = &mut self.gpu else {
+            return Ok(());
+        };
+        if samples.is_empty() {
+            g.expire(now_wall_ns(), &mut self.ready);
+            return self.to_sinks();
+        }
+        let engines: Vec<u32> = self.node.processes.keys().copied().collect();
+        let mut in_flight = Vec::new();
+        self.decoder.in_flight_requests(&mut in_flight);
+        for (sample, snap) in samples {
+            g.on_sample(sample, &snap, &engines, &in_flight, &mut self.ready);
+        }
+        self.to_sinks()
     }
 
     /// Publishes health and lets every sink do its periodic work.
@@ -172,6 +219,10 @@ impl Pipeline {
     /// Last tick, then every sink's shutdown (all of them, even when one
     /// fails; the first error is returned).
     pub fn shutdown(mut self, capture: Option<&CaptureStats>) -> Result<Summary> {
+        if let Some(g) = &mut self.gpu {
+            g.flush(&mut self.ready);
+        }
+        self.to_sinks()?;
         self.health
             .publish(capture, &self.decoder.stats, self.decoder.in_flight());
         let snap = self.health.snapshot();

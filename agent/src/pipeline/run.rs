@@ -58,7 +58,7 @@ pub async fn run(plan: RunPlan) -> Result<()> {
         pipe = pipe.sink(Box::new(ConsoleSink::new(c.clone())));
     }
     if let Some(m) = &plan.metrics {
-        pipe = pipe.sink(Box::new(Metrics::new(m, health.clone())?));
+        pipe = pipe.sink(Box::new(Metrics::new(m, health.clone(), None)?));
     }
 
     let mut cap = Capture::start(&plan.capture)?;
@@ -130,7 +130,7 @@ fn run_tasks(
         })?;
     }
     procs.clear();
-    Ok(())
+    pipe.gpu_samples()
 }
 
 /// A capture file through the same pipeline (no enrichers that need the

@@ -1,0 +1,62 @@
+//! The GPU task: takes samples from the sampler's thread and, for each,
+//! reads what the join needs from /proc (ancestors and containers of the
+//! processes on GPUs and of the engines), then queues both in
+//! [`NodeState`] for the pipeline's GPU stage.
+//!
+//! Owns: the /proc reads of the join. Must not: call NVML (the sampler's
+//! thread does) or block for long.
+
+use std::{path::PathBuf, sync::mpsc::Receiver};
+
+use anyhow::Result;
+
+use super::{join::ProcSnapshot, types::GpuSample};
+use crate::{
+    capture::procfs,
+    pipeline::{Task, TaskCx},
+};
+
+pub struct GpuTask {
+    samples: Receiver<GpuSample>,
+    proc_root: PathBuf,
+}
+
+impl GpuTask {
+    pub fn new(samples: Receiver<GpuSample>, proc_root: PathBuf) -> Self {
+        Self { samples, proc_root }
+    }
+}
+
+/// What the join needs of /proc for `sample` and these engines.
+pub fn snapshot(proc_root: &std::path::Path, sample: &GpuSample, engines: &[u32]) -> ProcSnapshot {
+    let mut snap = ProcSnapshot::default();
+    for dev in &sample.devices {
+        for p in &dev.processes {
+            if snap.ancestors.contains_key(&p.pid) {
+                continue;
+            }
+            snap.ancestors
+                .insert(p.pid, procfs::ancestors(proc_root, p.pid));
+            if let Some(c) = procfs::container_scope(proc_root, p.pid) {
+                snap.container.insert(p.pid, c);
+            }
+        }
+    }
+    for &e in engines {
+        if let Some(c) = procfs::container_scope(proc_root, e) {
+            snap.container.insert(e, c);
+        }
+    }
+    snap
+}
+
+impl Task for GpuTask {
+    fn tick(&mut self, cx: &mut TaskCx<'_>) -> Result<()> {
+        while let Ok(sample) = self.samples.try_recv() {
+            let engines: Vec<u32> = cx.node.processes.keys().copied().collect();
+            let snap = snapshot(&self.proc_root, &sample, &engines);
+            cx.node.gpu_samples.push((sample, snap));
+        }
+        Ok(())
+    }
+}
