@@ -161,10 +161,10 @@ impl Pipeline {
                 None => self.ready.push(f),
             }
         }
-        self.to_sinks()
+        self.send_ready()
     }
 
-    fn to_sinks(&mut self) -> Result<()> {
+    fn send_ready(&mut self) -> Result<()> {
         for f in self.ready.drain(..) {
             for s in &mut self.sinks {
                 s.record(&f)?;
@@ -183,7 +183,7 @@ impl Pipeline {
         };
         if samples.is_empty() {
             g.expire(now_wall_ns(), &mut self.ready);
-            return self.to_sinks();
+            return self.send_ready();
         }
         let engines: Vec<u32> = self.node.processes.keys().copied().collect();
         let mut in_flight = Vec::new();
@@ -191,7 +191,7 @@ impl Pipeline {
         for (sample, snap) in samples {
             g.on_sample(sample, &snap, &engines, &in_flight, &mut self.ready);
         }
-        self.to_sinks()
+        self.send_ready()
     }
 
     /// Publishes health and lets every sink do its periodic work.
@@ -222,7 +222,7 @@ impl Pipeline {
         if let Some(g) = &mut self.gpu {
             g.flush(&mut self.ready);
         }
-        self.to_sinks()?;
+        self.send_ready()?;
         self.health
             .publish(capture, &self.decoder.stats, self.decoder.in_flight());
         let snap = self.health.snapshot();
