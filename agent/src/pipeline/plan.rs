@@ -73,6 +73,16 @@ pub struct RunFlags {
     /// tokentap.metrics.attribute_overflow).
     #[arg(long, value_name = "N", default_value_t = 64)]
     pub max_models: usize,
+    /// Do not sample GPUs (NVML).
+    #[arg(long)]
+    pub no_gpu: bool,
+    /// Seconds between GPU samples (fractional; also the granularity of
+    /// per-request GPU utilisation and energy).
+    #[arg(long, value_name = "SECS", default_value_t = 1.0)]
+    pub gpu_interval: f64,
+    /// The NVML library to load (default: the system's libnvidia-ml.so.1).
+    #[arg(long, value_name = "PATH", env = "TOKENTAP_NVML_LIBRARY")]
+    pub nvml_library: Option<PathBuf>,
     #[command(flatten)]
     pub kernel: KernelFlags,
 }
@@ -149,6 +159,15 @@ pub struct RunPlan {
     pub console: Option<ConsolePlan>,
     pub metrics: Option<MetricsConfig>,
     pub duration: Option<Duration>,
+    /// GPU sampling (None: --no-gpu).
+    pub gpu: Option<GpuPlan>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct GpuPlan {
+    /// None: the system's libnvidia-ml.so.1.
+    pub library: Option<PathBuf>,
+    pub interval: Duration,
 }
 
 /// The environment `resolve` reads (a seam for tests).
@@ -242,7 +261,16 @@ pub fn resolve(f: &RunFlags, env: &dyn Env) -> Result<RunPlan> {
             }
         })
         .transpose()?;
+    let gpu = (!f.no_gpu)
+        .then(|| -> Result<GpuPlan> {
+            Ok(GpuPlan {
+                library: f.nvml_library.clone(),
+                interval: positive_secs("gpu-interval", f.gpu_interval)?,
+            })
+        })
+        .transpose()?;
     Ok(RunPlan {
+        gpu,
         targeting,
         capture,
         requests_log: f.requests_log.clone(),
@@ -321,7 +349,7 @@ pub fn run_option_names() -> Vec<String> {
 mod tests {
     use super::*;
     use clap::Parser;
-    use std::collections::HashMap;
+    use std::{collections::HashMap, path::Path};
 
     #[derive(Parser)]
     #[command(args_override_self = true)]
@@ -404,6 +432,27 @@ mod tests {
             }
         );
         assert!(!p.capture.allow_no_targets, "an explicit pid must exist");
+    }
+
+    #[test]
+    fn gpu_sampling_is_on_by_default_and_its_flags_are_checked() {
+        let g = resolve(&flags(&[]), &env(&[], false)).unwrap().gpu.unwrap();
+        assert_eq!(g.interval, Duration::from_secs(1));
+        assert_eq!(g.library, None);
+        let g = resolve(
+            &flags(&["--gpu-interval", "0.25", "--nvml-library", "/x/libnvidia-ml.so.1"]),
+            &env(&[], false),
+        )
+        .unwrap()
+        .gpu
+        .unwrap();
+        assert_eq!(g.interval, Duration::from_millis(250));
+        assert_eq!(g.library.as_deref(), Some(Path::new("/x/libnvidia-ml.so.1")));
+        assert!(resolve(&flags(&["--no-gpu"]), &env(&[], false))
+            .unwrap()
+            .gpu
+            .is_none());
+        assert!(resolve(&flags(&["--gpu-interval", "0"]), &env(&[], false)).is_err());
     }
 
     #[test]
