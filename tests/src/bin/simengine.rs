@@ -18,8 +18,11 @@
 //! write); plus the token count and the outcome (`client_disconnect` when a
 //! write failed).
 //!
-//! Usage: simengine [--port N] [--addr IP] [--truth PATH]; listens on
-//! IP:N (default 127.0.0.1, any free port) and prints `listening PORT`.
+//! Usage: simengine [--port N] [--addr IP] [--truth PATH] [--gpu-worker];
+//! listens on IP:N (default 127.0.0.1, any free port) and prints `listening
+//! PORT`. `--gpu-worker` first starts a child process standing for the
+//! engine's GPU worker (vLLM-style: the HTTP server is not the process on
+//! the GPU), prints `worker PID`, and kills it on exit.
 //! Other arguments are ignored (tests put names on the command line for
 //! discovery to find).
 
@@ -207,6 +210,21 @@ fn main() {
             .expect("truth file")
     });
     let truth = Arc::new(Mutex::new(truth));
+    if args.iter().any(|a| a == "--gpu-worker") {
+        // The child dies with us (PR_SET_PDEATHSIG in the child).
+        let child = unsafe { libc::fork() };
+        if child == 0 {
+            // SAFETY: in the child: ask for SIGKILL when the parent dies,
+            // then sleep until killed.
+            unsafe {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                loop {
+                    libc::pause();
+                }
+            }
+        }
+        println!("worker {child}");
+    }
     let addr = opt("--addr").unwrap_or_else(|| "127.0.0.1".to_string());
     let l = TcpListener::bind((addr.as_str(), port))
         .unwrap_or_else(|e| panic!("simengine: cannot listen on {addr}:{port}: {e}"));
