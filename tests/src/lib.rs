@@ -80,6 +80,19 @@ pub fn assert_root(test: &str) {
     );
 }
 
+/// The client side of sockpeer's `exchange` script (after the server was
+/// told to run it): every request written, every response read and
+/// checked byte for byte.
+pub fn play_exchange_client(s: &mut std::net::TcpStream) {
+    use std::io::Read as _;
+    for step in exchange_script() {
+        s.write_all(&step.req).expect("write request");
+        let mut buf = vec![0; step.resp.len()];
+        s.read_exact(&mut buf).expect("read response");
+        assert_eq!(buf, step.resp);
+    }
+}
+
 /// target/<profile> of the running test binary.
 pub fn target_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");

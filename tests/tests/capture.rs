@@ -13,8 +13,8 @@ use std::{
 
 use serde_json::Value;
 use tokentap_tests::{
-    assert_root, exchange_script, http, payload, scratch_dir, tokentap_bin, Agent, Peer, READERS,
-    WRITERS,
+    assert_root, exchange_script, http, payload, play_exchange_client, scratch_dir, tokentap_bin,
+    Agent, Peer, READERS, WRITERS,
 };
 
 fn peer() -> Peer {
@@ -31,12 +31,7 @@ fn accepted_fd(reply: &str) -> i64 {
 /// The client side of the `exchange` script.
 fn client_exchange(p: &mut Peer, s: &mut TcpStream) {
     p.send("exchange");
-    for step in exchange_script() {
-        s.write_all(&step.req).unwrap();
-        let mut buf = vec![0; step.resp.len()];
-        s.read_exact(&mut buf).unwrap();
-        assert_eq!(buf, step.resp);
-    }
+    play_exchange_client(s);
     assert_eq!(p.line(Duration::from_secs(30)), "done");
 }
 

@@ -13,7 +13,9 @@ use std::{
 };
 
 use serde_json::Value;
-use tokentap_tests::{assert_root, exchange_script, payload, scratch_dir, tokentap_bin, Agent};
+use tokentap_tests::{
+    assert_root, exchange_script, payload, play_exchange_client, scratch_dir, tokentap_bin, Agent,
+};
 
 /// A process driven line by line over stdin/stdout, like `Peer`, but
 /// started by any command (a shell wrapper around `sockpeer`, `unshare`,
@@ -127,12 +129,7 @@ fn only_child(pid: u32) -> u32 {
 /// The client side of sockpeer's `exchange` script.
 fn client_exchange(p: &mut Driven, s: &mut TcpStream) {
     p.send("exchange");
-    for step in exchange_script() {
-        s.write_all(&step.req).unwrap();
-        let mut buf = vec![0; step.resp.len()];
-        s.read_exact(&mut buf).unwrap();
-        assert_eq!(buf, step.resp);
-    }
+    play_exchange_client(s);
     assert_eq!(p.wait_for("done"), "done");
 }
 

@@ -306,7 +306,14 @@ pub fn container_scope(proc_root: &Path, pid: u32) -> Option<String> {
 
 /// [`container_scope`] of the text of `/proc/PID/cgroup`.
 pub fn container_scope_of(cgroup: &str) -> Option<String> {
-    const MARKERS: [&str; 6] = ["kubepods", "docker", "containerd", "crio", "libpod", "cri-o"];
+    const MARKERS: [&str; 6] = [
+        "kubepods",
+        "docker",
+        "containerd",
+        "crio",
+        "libpod",
+        "cri-o",
+    ];
     // v2 (`0::/path`) first, else the first v1 hierarchy naming a container.
     let mut paths: Vec<&str> = cgroup
         .lines()
@@ -464,7 +471,10 @@ mod tests {
             container_scope_of("0::/system.slice/docker-0123.scope\n").as_deref(),
             Some("/system.slice/docker-0123.scope")
         );
-        assert_eq!(container_scope_of("0::/user.slice/user-0.slice/session-3.scope\n"), None);
+        assert_eq!(
+            container_scope_of("0::/user.slice/user-0.slice/session-3.scope\n"),
+            None
+        );
         assert_eq!(container_scope_of("garbage"), None);
     }
 

@@ -52,7 +52,9 @@ pub fn register(meter: &Meter, view: SharedView, names: EngineNames) {
     let _ = meter
         .i64_observable_up_down_counter("tokentap.gpu.process.memory.usage")
         .with_unit("By")
-        .with_description("GPU memory a process holds on a device (with its engine when it belongs to one)")
+        .with_description(
+            "GPU memory a process holds on a device (with its engine when it belongs to one)",
+        )
         .with_callback(move |o| {
             let v = v.lock().unwrap_or_else(|p| p.into_inner());
             let n = n.lock().unwrap_or_else(|p| p.into_inner());
@@ -84,7 +86,9 @@ pub fn register(meter: &Meter, view: SharedView, names: EngineNames) {
     let _ = meter
         .f64_observable_gauge("tokentap.gpu.energy_per_output_token")
         .with_unit("J/{token}")
-        .with_description("GPU energy of an engine's requests per output token, over the last sampling interval")
+        .with_description(
+            "GPU energy of an engine's requests per output token, over the last sampling interval",
+        )
         .with_callback(move |o| {
             let v = v.lock().unwrap_or_else(|p| p.into_inner());
             let n = n.lock().unwrap_or_else(|p| p.into_inner());
@@ -93,7 +97,10 @@ pub fn register(meter: &Meter, view: SharedView, names: EngineNames) {
                     continue;
                 }
                 let mut a = engine_attrs(&n, *pid);
-                let model = n.get(pid).map(|x| x.1.clone()).unwrap_or_else(|| "unknown".into());
+                let model = n
+                    .get(pid)
+                    .map(|x| x.1.clone())
+                    .unwrap_or_else(|| "unknown".into());
                 a.push(KeyValue::new("gen_ai.response.model", model));
                 o.observe(joules / tokens, &a);
             }

@@ -31,10 +31,10 @@ use anyhow::Result;
 
 use self::{enrich::Enricher, health::Health};
 use crate::{
-    gpu::{join::ProcSnapshot, stage::GpuStage, types::GpuSample},
     capture::{Capture, CaptureStats, ProcEvent},
     decode::Decoder,
     event::SocketEvent,
+    gpu::{join::ProcSnapshot, stage::GpuStage, types::GpuSample},
     record::Finished,
 };
 

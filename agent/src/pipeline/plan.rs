@@ -440,14 +440,22 @@ mod tests {
         assert_eq!(g.interval, Duration::from_secs(1));
         assert_eq!(g.library, None);
         let g = resolve(
-            &flags(&["--gpu-interval", "0.25", "--nvml-library", "/x/libnvidia-ml.so.1"]),
+            &flags(&[
+                "--gpu-interval",
+                "0.25",
+                "--nvml-library",
+                "/x/libnvidia-ml.so.1",
+            ]),
             &env(&[], false),
         )
         .unwrap()
         .gpu
         .unwrap();
         assert_eq!(g.interval, Duration::from_millis(250));
-        assert_eq!(g.library.as_deref(), Some(Path::new("/x/libnvidia-ml.so.1")));
+        assert_eq!(
+            g.library.as_deref(),
+            Some(Path::new("/x/libnvidia-ml.so.1"))
+        );
         assert!(resolve(&flags(&["--no-gpu"]), &env(&[], false))
             .unwrap()
             .gpu
