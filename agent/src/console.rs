@@ -252,17 +252,13 @@ mod tests {
 
     fn rec(t0_s: u64, ttft: f64, err: bool) -> RequestRecord {
         RequestRecord {
-            ts: String::new(),
             pid: 1,
-            server_port: None,
-            client: None,
             method: "POST".into(),
             path: "/v1/chat/completions".into(),
             status: Some(200),
             operation: Some("chat"),
             provider: Some("vllm".into()),
             request_model: Some("m".into()),
-            response_model: None,
             stream: true,
             ttft_s: Some(ttft),
             tpot_s: Some(0.01),
@@ -271,16 +267,9 @@ mod tests {
             input_tokens: Some(100),
             output_tokens: Some(10),
             tokens_exact: true,
-            finish_reason: None,
             error_type: err.then(|| "http_5xx".to_string()),
-            ttft_reasoning_s: None,
-            ttft_answer_s: None,
             t0_ns: t0_s * 1_000_000_000,
-            gpu_uuids: None,
-            gpu_util_avg: None,
-            gpu_mem_used_bytes: None,
-            energy_j: None,
-            energy_source: None,
+            ..Default::default()
         }
     }
 

@@ -12,7 +12,7 @@ use serde::Serialize;
 
 /// One finished request: the request log's line (keys are a contract).
 /// `None` serialises as `null` and means unknown / not applicable.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct RequestRecord {
     /// RFC 3339 UTC time of t0 (the first request byte read).
     pub ts: String,

@@ -33,35 +33,14 @@ mod tests {
 
     fn rec(pid: u32, provider: Option<&str>) -> RequestRecord {
         RequestRecord {
-            ts: String::new(),
             pid,
-            server_port: None,
-            client: None,
             method: "POST".into(),
             path: "/v1/chat/completions".into(),
             status: Some(200),
             operation: Some("chat"),
             provider: provider.map(str::to_string),
-            request_model: None,
-            response_model: None,
             stream: true,
-            ttft_s: None,
-            tpot_s: None,
-            duration_s: None,
-            chunks: None,
-            input_tokens: None,
-            output_tokens: None,
-            tokens_exact: false,
-            finish_reason: None,
-            error_type: None,
-            ttft_reasoning_s: None,
-            ttft_answer_s: None,
-            t0_ns: 0,
-            gpu_uuids: None,
-            gpu_util_avg: None,
-            gpu_mem_used_bytes: None,
-            energy_j: None,
-            energy_source: None,
+            ..Default::default()
         }
     }
 
