@@ -152,7 +152,9 @@ fn vllm_fixture_parses_with_types_help_and_histograms() {
         Some("Number of requests waiting to be processed.")
     );
     // Both engines' TTFT histograms summed: 512 + 492 requests.
-    let h = e.histogram("vllm:time_to_first_token_seconds").expect("ttft");
+    let h = e
+        .histogram("vllm:time_to_first_token_seconds")
+        .expect("ttft");
     assert_eq!(h.count, 1004.0);
     assert_eq!(h.buckets.last(), Some(&(f64::INFINITY, 1004.0)));
     assert_eq!(h.buckets.len(), 23);
@@ -253,7 +255,10 @@ fn a_404_is_remembered_and_the_engine_is_not_asked_again() {
     ));
     assert_eq!(peers.lock().unwrap().len(), 1, "one connection only");
     let st = scraper.stats();
-    assert_eq!((st.attempts, st.http_errors, st.skipped_no_endpoint), (1, 1, 1));
+    assert_eq!(
+        (st.attempts, st.http_errors, st.skipped_no_endpoint),
+        (1, 1, 1)
+    );
 }
 
 #[test]
@@ -285,7 +290,13 @@ fn errors_are_counted_by_kind_and_never_fatal() {
     ));
     let st = scraper.stats();
     assert_eq!(
-        (st.http_errors, st.parse_errors, st.refused, st.other_errors, st.ok),
+        (
+            st.http_errors,
+            st.parse_errors,
+            st.refused,
+            st.other_errors,
+            st.ok
+        ),
         (1, 1, 1, 1, 0)
     );
     // And the scraper still works afterwards.
@@ -327,7 +338,10 @@ fn background_runner_publishes_states_by_pid_and_forgets_removed_targets() {
     assert!(handle.latest().is_empty());
     let t = Instant::now();
     drop(handle);
-    assert!(t.elapsed() < Duration::from_millis(500), "drop stops the thread promptly");
+    assert!(
+        t.elapsed() < Duration::from_millis(500),
+        "drop stops the thread promptly"
+    );
 }
 
 fn llama_dir(peers: &Peers) -> PathBuf {
@@ -400,9 +414,7 @@ fn real_llama_server_reports_running_and_deferred_requests() {
     for t in long {
         t.join().expect("long completion");
     }
-    let after = scrape_until(&mut scraper, pid, port, |s| {
-        s.requests_running == Some(0.0)
-    });
+    let after = scrape_until(&mut scraper, pid, port, |s| s.requests_running == Some(0.0));
     assert_eq!(after.requests_running, Some(0.0));
     assert_eq!(after.requests_waiting, Some(0.0));
     assert_eq!(scraper.stats().timeouts, 0);
@@ -418,13 +430,18 @@ fn llama_server_in_its_own_network_namespace_is_scraped_through_setns() {
     // `unshare --net` execs in place: the shell, then llama-server, keep
     // its pid; inside, 127.0.0.1:port is the namespace's own loopback.
     let mut cmd = Command::new("unshare");
-    cmd.args(["--net", "sh", "-c", "ip link set lo up && exec \"$0\" \"$@\""])
-        .arg(lib.join("llama-server"))
-        .arg("-m")
-        .arg(peers.model())
-        .args(["--host", "127.0.0.1", "--port", &port.to_string()])
-        .args(["-t", "1", "-tb", "1", "-c", "2048", "-np", "1", "--metrics"])
-        .env("LD_LIBRARY_PATH", &lib);
+    cmd.args([
+        "--net",
+        "sh",
+        "-c",
+        "ip link set lo up && exec \"$0\" \"$@\"",
+    ])
+    .arg(lib.join("llama-server"))
+    .arg("-m")
+    .arg(peers.model())
+    .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+    .args(["-t", "1", "-tb", "1", "-c", "2048", "-np", "1", "--metrics"])
+    .env("LD_LIBRARY_PATH", &lib);
     let (engine, _out) = start(
         die_with_parent(&mut cmd),
         "listening on http",
@@ -453,4 +470,161 @@ fn llama_server_in_its_own_network_namespace_is_scraped_through_setns() {
     let own = scraper.own_clients().snapshot();
     assert_eq!(own.len(), 1, "{own:?}");
     assert!(own.iter().all(|a| a.ip().is_loopback()), "{own:?}");
+}
+
+/// A network namespace `ttm-<pid>` joined to the host by a veth pair
+/// (host 10.214.X.1/30, namespace 10.214.X.2/30); deleted on drop.
+struct Netns {
+    name: String,
+    host_if: String,
+    ns_addr: String,
+}
+
+impl Netns {
+    fn create() -> Netns {
+        let pid = std::process::id();
+        let x = pid % 256;
+        let ns = Netns {
+            name: format!("ttm-{pid}"),
+            host_if: format!("ttmh{pid}"),
+            ns_addr: format!("10.214.{x}.2"),
+        };
+        let ns_if = format!("ttmn{pid}");
+        let ip = |args: &[&str]| {
+            let out = Command::new("ip").args(args).output().expect("run ip");
+            assert!(
+                out.status.success(),
+                "ip {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        ip(&["netns", "add", &ns.name]);
+        ip(&[
+            "link",
+            "add",
+            &ns.host_if,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &ns_if,
+            "netns",
+            &ns.name,
+        ]);
+        ip(&[
+            "addr",
+            "add",
+            &format!("10.214.{x}.1/30"),
+            "dev",
+            &ns.host_if,
+        ]);
+        ip(&["link", "set", &ns.host_if, "up"]);
+        let inside = |args: &[&str]| ip(&[&["netns", "exec", &ns.name, "ip"][..], args].concat());
+        inside(&["addr", "add", &format!("{}/30", ns.ns_addr), "dev", &ns_if]);
+        inside(&["link", "set", &ns_if, "up"]);
+        inside(&["link", "set", "lo", "up"]);
+        ns
+    }
+
+    /// A static HTTP server inside the namespace on `addr:port` serving
+    /// `dir` (so `GET /metrics` is the file `dir/metrics`).
+    fn serve_dir(&self, addr: &str, port: u16, dir: &Path) -> tokentap_tests::Running {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &self.name, "python3", "-m", "http.server"])
+            .args(["--bind", addr, &port.to_string(), "--directory"])
+            .arg(dir)
+            .env("PYTHONUNBUFFERED", "1");
+        start(
+            die_with_parent(&mut cmd),
+            "Serving HTTP",
+            "python http.server",
+        )
+        .0
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.host_if])
+            .status();
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
+    }
+}
+
+/// Runs `f` on a thread without CAP_SYS_ADMIN in its effective set (so
+/// setns is refused to it and to the threads it starts).
+fn without_sys_admin<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    std::thread::spawn(move || {
+        #[repr(C)]
+        struct Header {
+            version: u32,
+            pid: i32,
+        }
+        #[repr(C)]
+        #[derive(Clone, Copy, Default)]
+        struct Data {
+            effective: u32,
+            permitted: u32,
+            inheritable: u32,
+        }
+        const V3: u32 = 0x2008_0522;
+        let mut h = Header {
+            version: V3,
+            pid: 0,
+        };
+        let mut d = [Data::default(); 2];
+        // SAFETY: capget/capset with a v3 header and two data words, on
+        // this thread only (pid 0).
+        unsafe {
+            assert_eq!(libc::syscall(libc::SYS_capget, &mut h, d.as_mut_ptr()), 0);
+            const CAP_SYS_ADMIN: u32 = 21;
+            d[0].effective &= !(1 << CAP_SYS_ADMIN);
+            assert_eq!(libc::syscall(libc::SYS_capset, &mut h, d.as_ptr()), 0);
+        }
+        f()
+    })
+    .join()
+    .expect("thread without CAP_SYS_ADMIN")
+}
+
+#[test]
+#[ignore = "needs root: network namespaces (cargo xtask test runs it as root)"]
+fn setns_refused_falls_back_only_to_a_routable_listen_address() {
+    assert_root("enginemetrics setns fallback");
+    let ns = Netns::create();
+    let dir = tokentap_tests::scratch_dir("enginemetrics-static");
+    std::fs::write(dir.join("metrics"), fixture("vllm-v1-metrics.prom")).expect("write");
+    let (lo_port, routed_port) = (free_port(), free_port());
+    let lo = ns.serve_dir("127.0.0.1", lo_port, &dir);
+    let routed = ns.serve_dir(&ns.ns_addr, routed_port, &dir);
+    let (lo_pid, routed_pid) = (lo.0.id(), routed.0.id());
+
+    // With the right to enter the namespace both are reached.
+    let mut scraper = Scraper::default();
+    assert_eq!(
+        scraper.scrape(lo_pid, lo_port, None).expect("lo via setns"),
+        vllm_fixture_state()
+    );
+    assert_eq!(scraper.stats().namespace_failures, 0);
+
+    // Without it: the loopback-only server cannot be reached (and is not
+    // confused with whatever listens on the host's loopback); the one on
+    // the veth address is scraped from the agent's namespace.
+    let scraper = without_sys_admin(move || {
+        let lo_res = scraper.scrape(lo_pid, lo_port, None);
+        assert!(
+            matches!(lo_res, Err(ScrapeError::Namespace(_))),
+            "{lo_res:?}"
+        );
+        let routed_res = scraper.scrape(routed_pid, routed_port, None);
+        assert_eq!(routed_res.expect("fallback"), vllm_fixture_state());
+        scraper
+    });
+    let st = scraper.stats();
+    assert_eq!((st.ok, st.namespace_failures), (2, 2), "{st:?}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
