@@ -43,6 +43,8 @@ pub const NO_ENDPOINT_BACKOFF: Duration = Duration::from_secs(300);
 /// How long a closed scrape connection's address stays in [`OwnClients`].
 pub const OWN_CLIENT_LINGER: Duration = Duration::from_secs(10);
 const MAX_HEAD_BYTES: usize = 64 << 10;
+/// How long a listen address read from /proc is reused.
+const LISTEN_CACHE: Duration = Duration::from_secs(30);
 
 /// Why a scrape gave nothing. Never fatal: counted in [`ScrapeStats`].
 #[derive(Debug)]
@@ -189,6 +191,10 @@ pub struct Scraper {
     stats: ScrapeStats,
     /// (pid, port) → until when a 404 is believed.
     no_endpoint: HashMap<(u32, u16), Instant>,
+    /// (pid, port) → where it listens, and when that was read (the TCP
+    /// table of a busy engine is large; it is re-read every
+    /// [`LISTEN_CACHE`] and after any failed connect).
+    listen_cache: HashMap<(u32, u16), (SocketAddr, Instant)>,
     setns_reported: bool,
 }
 
@@ -208,6 +214,7 @@ impl Scraper {
             own: OwnClients::default(),
             stats: ScrapeStats::default(),
             no_endpoint: HashMap::new(),
+            listen_cache: HashMap::new(),
             setns_reported: false,
         }
     }
@@ -234,13 +241,25 @@ impl Scraper {
     ) -> Result<EngineState, ScrapeError> {
         let now = Instant::now();
         self.no_endpoint.retain(|_, until| *until > now);
+        self.listen_cache
+            .retain(|_, (_, at)| now.duration_since(*at) < LISTEN_CACHE);
         if self.no_endpoint.contains_key(&(pid, port)) {
             self.stats.skipped_no_endpoint += 1;
             return Err(ScrapeError::Backoff);
         }
         self.stats.attempts += 1;
-        let res = self
-            .fetch(pid, port, now + self.timeout)
+        let fetched = self.fetch(pid, port, now + self.timeout);
+        if matches!(
+            fetched,
+            Err(ScrapeError::Timeout
+                | ScrapeError::Refused
+                | ScrapeError::NoProcess
+                | ScrapeError::Io(_)
+                | ScrapeError::Namespace(_))
+        ) {
+            self.listen_cache.remove(&(pid, port));
+        }
+        let res = fetched
             .and_then(|body| engine_state(&body, family, &self.limits).map_err(ScrapeError::Parse));
         let s = &mut self.stats;
         match &res {
@@ -266,8 +285,16 @@ impl Scraper {
     /// The response body of `GET /metrics`, status 200.
     fn fetch(&mut self, pid: u32, port: u16, deadline: Instant) -> Result<Vec<u8>, ScrapeError> {
         let their_ns = procfs::netns_inode(self.proc_root, pid).ok_or(ScrapeError::NoProcess)?;
-        let dest = listen_target(&procfs::tcp_table(self.proc_root, pid), port)
-            .ok_or(ScrapeError::Refused)?;
+        let dest = match self.listen_cache.get(&(pid, port)) {
+            Some((dest, at)) if at.elapsed() < LISTEN_CACHE => *dest,
+            _ => {
+                let dest = listen_target(&procfs::tcp_table(self.proc_root, pid), port)
+                    .ok_or(ScrapeError::Refused)?;
+                self.listen_cache
+                    .insert((pid, port), (dest, Instant::now()));
+                dest
+            }
+        };
         let same_ns = procfs::netns_inode(self.proc_root, std::process::id()) == Some(their_ns);
         let mut stream = if same_ns {
             connect(dest, deadline)?
