@@ -11,6 +11,7 @@ pub mod capture;
 pub mod console;
 pub mod decode;
 pub mod discover;
+pub mod enginemetrics;
 pub mod event;
 pub mod gpu;
 pub mod metrics;
