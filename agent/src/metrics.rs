@@ -83,10 +83,14 @@ pub struct MetricsConfig {
     pub max_models: usize,
 }
 
-/// What the metrics sink exports about GPUs, when GPU sampling is on.
-#[derive(Clone)]
-pub struct GpuExport {
-    pub view: crate::gpu::stage::SharedView,
+/// State beside the request records that the metrics sink exports, when
+/// the pipeline has it.
+#[derive(Clone, Default)]
+pub struct Extras {
+    /// GPU samples, the engine ↔ GPU map, energy (GPU sampling on).
+    pub gpu: Option<crate::gpu::stage::SharedView>,
+    /// Engines' own scraped metrics (engine-metrics scrape on).
+    pub engines: Option<crate::enginemetrics::task::SharedEngineStates>,
 }
 
 /// Wraps the OTLP exporter to count failures and report them once per
@@ -265,7 +269,7 @@ fn http_url(endpoint: &str) -> String {
 
 impl Metrics {
     /// Builds the exporter and instruments. Needs a tokio runtime for gRPC.
-    pub fn new(cfg: &MetricsConfig, health: Arc<Health>, gpu: Option<GpuExport>) -> Result<Self> {
+    pub fn new(cfg: &MetricsConfig, health: Arc<Health>, extras: Extras) -> Result<Self> {
         if let Some(e) = &cfg.endpoint {
             if !(e.starts_with("http://") || e.starts_with("https://")) {
                 bail!("--otlp-endpoint must be an http:// or https:// URL, got {e:?}");
@@ -425,6 +429,18 @@ impl Metrics {
             |h| h.attribute_overflow.load(Ordering::Relaxed),
         );
         let _ = obs_u64(
+            "tokentap.self_requests",
+            "{request}",
+            "Requests the agent made itself (engine /metrics scrapes), not recorded as LLM requests",
+            |h| h.self_requests.load(Ordering::Relaxed),
+        );
+        let _ = obs_u64(
+            "tokentap.engine.scrape.failures",
+            "{scrape}",
+            "Engine /metrics scrapes that failed (timeout, refused, HTTP or parse error)",
+            |h| h.scrape_failures.load(Ordering::Relaxed),
+        );
+        let _ = obs_u64(
             "tokentap.export.failures",
             "{export}",
             "OTLP exports that failed",
@@ -444,8 +460,11 @@ impl Metrics {
             .with_callback(move |o| o.observe(hi.in_flight.load(Ordering::Relaxed), &[]))
             .build();
         let engine_names = crate::gpu::engine_instruments::EngineNames::default();
-        if let Some(g) = gpu {
-            crate::gpu::engine_instruments::register(&meter, g.view.clone(), engine_names.clone());
+        if let Some(view) = extras.gpu {
+            crate::gpu::engine_instruments::register(&meter, view, engine_names.clone());
+        }
+        if let Some(states) = extras.engines {
+            register_engine_states(&meter, states);
         }
         Ok(Self {
             engine_names,
@@ -501,6 +520,58 @@ impl Metrics {
         if let Err(e) = self.provider.shutdown() {
             eprintln!("tokentap: final OTLP export did not complete: {e}");
         }
+    }
+}
+
+/// `tokentap.engine.*`: what engines report about themselves on their
+/// own /metrics (KV-cache use, queued and running requests), per engine.
+fn register_engine_states(
+    meter: &opentelemetry::metrics::Meter,
+    states: crate::enginemetrics::task::SharedEngineStates,
+) {
+    type Pick = fn(&crate::enginemetrics::EngineState) -> Option<f64>;
+    let gauges: [(&'static str, &'static str, &'static str, Pick); 3] = [
+        (
+            "tokentap.engine.kv_cache.usage",
+            "1",
+            "KV-cache use the engine reports (fraction 0-1)",
+            |s| s.kv_cache_usage,
+        ),
+        (
+            "tokentap.engine.requests.waiting",
+            "{request}",
+            "Requests queued in the engine, as it reports them",
+            |s| s.requests_waiting,
+        ),
+        (
+            "tokentap.engine.requests.running",
+            "{request}",
+            "Requests the engine is running, as it reports them",
+            |s| s.requests_running,
+        ),
+    ];
+    for (name, unit, desc, pick) in gauges {
+        let st = states.clone();
+        let _ = meter
+            .f64_observable_gauge(name)
+            .with_unit(unit)
+            .with_description(desc)
+            .with_callback(move |o| {
+                let st = st.lock().unwrap_or_else(|p| p.into_inner());
+                for (pid, (engine, port, s)) in st.iter() {
+                    if let Some(v) = pick(s) {
+                        o.observe(
+                            v,
+                            &[
+                                KeyValue::new("gen_ai.provider.name", engine.clone()),
+                                KeyValue::new("tokentap.engine.pid", *pid as i64),
+                                KeyValue::new("server.port", *port as i64),
+                            ],
+                        );
+                    }
+                }
+            })
+            .build();
     }
 }
 

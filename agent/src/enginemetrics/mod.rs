@@ -14,6 +14,7 @@
 
 pub mod prom;
 pub mod scrape;
+pub mod task;
 
 pub use scrape::{OwnClients, ScrapeError, ScrapeHandle, ScrapeStats, Scraper, Target};
 

@@ -51,6 +51,7 @@ mod tests {
             7,
             ProcessInfo {
                 engine: Some("vllm".into()),
+                ..Default::default()
             },
         );
         let mut r = rec(7, None);

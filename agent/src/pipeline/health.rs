@@ -28,6 +28,11 @@ pub struct Health {
     pub export_failures: AtomicU64,
     /// Attribute values folded into `other` by a cardinality cap.
     pub attribute_overflow: AtomicU64,
+    /// Requests the agent made itself (engine /metrics scrapes), seen in
+    /// the capture and not recorded.
+    pub self_requests: AtomicU64,
+    /// Engine /metrics scrapes that failed (timeouts, refused, errors).
+    pub scrape_failures: AtomicU64,
 }
 
 /// A plain copy of [`Health`] (for the console and the shutdown line).
@@ -41,6 +46,8 @@ pub struct HealthSnapshot {
     pub in_flight: i64,
     pub export_failures: u64,
     pub attribute_overflow: u64,
+    pub self_requests: u64,
+    pub scrape_failures: u64,
 }
 
 impl Health {
@@ -71,6 +78,8 @@ impl Health {
             in_flight: self.in_flight.load(Relaxed),
             export_failures: self.export_failures.load(Relaxed),
             attribute_overflow: self.attribute_overflow.load(Relaxed),
+            self_requests: self.self_requests.load(Relaxed),
+            scrape_failures: self.scrape_failures.load(Relaxed),
         }
     }
 }

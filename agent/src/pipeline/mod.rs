@@ -35,7 +35,7 @@ use crate::{
     decode::Decoder,
     event::SocketEvent,
     gpu::{join::ProcSnapshot, stage::GpuStage, types::GpuSample},
-    record::Finished,
+    record::{Finished, RequestRecord},
 };
 
 pub use self::plan::{resolve, RunPlan};
@@ -72,6 +72,8 @@ pub struct NodeState {
 pub struct ProcessInfo {
     /// The engine its command line names (gen_ai.provider.name).
     pub engine: Option<String>,
+    /// TCP ports it listens on (in its own network namespace), sorted.
+    pub listen_ports: Vec<u16>,
 }
 
 /// Periodic work beside the data path (finding engines, sampling GPUs).
@@ -94,6 +96,9 @@ pub struct TaskCx<'a> {
     pub proc_events: &'a [ProcEvent],
 }
 
+/// A rule saying a finished record is the agent's own traffic.
+type DropIf = Box<dyn FnMut(&RequestRecord) -> bool>;
+
 /// Decoder, enrichers and sinks, fed one batch of events at a time.
 pub struct Pipeline {
     decoder: Decoder,
@@ -104,6 +109,9 @@ pub struct Pipeline {
     /// Joins GPU state into records of engines on GPUs (None: no GPU
     /// sampling).
     gpu: Option<GpuStage>,
+    /// Records to drop: traffic the agent itself caused (its scrapes of
+    /// engines' /metrics).
+    drop_if: Vec<DropIf>,
     finished: Vec<Finished>,
     ready: Vec<Finished>,
 }
@@ -117,9 +125,17 @@ impl Pipeline {
             node: NodeState::default(),
             health,
             gpu: None,
+            drop_if: Vec::new(),
             finished: Vec::new(),
             ready: Vec::new(),
         }
+    }
+
+    /// Drops records `f` says the agent caused itself (counted in health
+    /// as `self_requests`).
+    pub fn drop_if(mut self, f: impl FnMut(&RequestRecord) -> bool + 'static) -> Self {
+        self.drop_if.push(Box::new(f));
+        self
     }
 
     /// Adds the GPU join (records of GPU engines wait for the next sample).
@@ -153,6 +169,12 @@ impl Pipeline {
 
     fn flush_finished(&mut self) -> Result<()> {
         for mut f in self.finished.drain(..) {
+            if self.drop_if.iter_mut().any(|d| d(&f.record)) {
+                self.health
+                    .self_requests
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                continue;
+            }
             for e in &mut self.enrichers {
                 e.enrich(&mut f.record, &self.node);
             }

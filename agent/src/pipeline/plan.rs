@@ -73,6 +73,11 @@ pub struct RunFlags {
     /// tokentap.metrics.attribute_overflow).
     #[arg(long, value_name = "N", default_value_t = 64)]
     pub max_models: usize,
+    /// Do not scrape the engines' own Prometheus metrics (KV-cache use,
+    /// queued and running requests; scraped at each export interval from
+    /// each captured engine's port, when OTLP export is on).
+    #[arg(long)]
+    pub no_engine_metrics: bool,
     /// Do not sample GPUs (NVML).
     #[arg(long)]
     pub no_gpu: bool,
@@ -161,6 +166,9 @@ pub struct RunPlan {
     pub duration: Option<Duration>,
     /// GPU sampling (None: --no-gpu).
     pub gpu: Option<GpuPlan>,
+    /// Scrape engines' /metrics at this interval (None: off, or no OTLP
+    /// export to carry the values).
+    pub engine_metrics: Option<Duration>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -269,8 +277,13 @@ pub fn resolve(f: &RunFlags, env: &dyn Env) -> Result<RunPlan> {
             })
         })
         .transpose()?;
+    let engine_metrics = metrics
+        .as_ref()
+        .filter(|_| !f.no_engine_metrics)
+        .map(|m| m.interval.max(Duration::from_secs(1)));
     Ok(RunPlan {
         gpu,
+        engine_metrics,
         targeting,
         capture,
         requests_log: f.requests_log.clone(),
@@ -461,6 +474,24 @@ mod tests {
             .gpu
             .is_none());
         assert!(resolve(&flags(&["--gpu-interval", "0"]), &env(&[], false)).is_err());
+    }
+
+    #[test]
+    fn engines_are_scraped_at_the_export_interval_only_when_exporting() {
+        let p = resolve(&flags(&[]), &env(&[], false)).unwrap();
+        assert_eq!(p.engine_metrics, None, "nothing would carry the values");
+        let p = resolve(
+            &flags(&["--otlp-endpoint", "http://c:4317", "--export-interval", "5"]),
+            &env(&[], false),
+        )
+        .unwrap();
+        assert_eq!(p.engine_metrics, Some(Duration::from_secs(5)));
+        let p = resolve(
+            &flags(&["--otlp-endpoint", "http://c:4317", "--no-engine-metrics"]),
+            &env(&[], false),
+        )
+        .unwrap();
+        assert_eq!(p.engine_metrics, None);
     }
 
     #[test]

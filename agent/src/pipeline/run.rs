@@ -5,18 +5,22 @@
 
 use std::{path::Path, sync::Arc, time::Duration};
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 
 use super::{
-    enrich::EngineName, health::Health, plan::RunPlan, targets::Targeter, Pipeline, Task, TaskCx,
-    TICK,
+    enrich::EngineName,
+    health::Health,
+    plan::{RunPlan, Targeting},
+    targets::Targeter,
+    Pipeline, Task, TaskCx, TICK,
 };
 use crate::{
     capfile::Writer,
     capture::{Capture, ProcEvent},
     console::ConsoleSink,
+    enginemetrics::task::{EngineMetricsTask, SharedEngineStates},
     event::SocketEvent,
-    metrics::Metrics,
+    metrics::{Extras, Metrics},
     record::RequestLog,
     source::EventSource,
 };
@@ -57,8 +61,26 @@ pub async fn run(plan: RunPlan) -> Result<()> {
     if let Some(c) = &plan.console {
         pipe = pipe.sink(Box::new(ConsoleSink::new(c.clone())));
     }
+    let mut extras = Extras::default();
+    let mut side_tasks: Vec<Box<dyn Task>> = Vec::new();
+    if let Some(every) = plan.engine_metrics {
+        let handle = crate::enginemetrics::scrape::spawn(every)
+            .context("starting the engine-metrics scraper thread")?;
+        let states = SharedEngineStates::default();
+        let ports = match &plan.targeting {
+            Targeting::Ports(p) | Targeting::Pids { ports: p, .. } => p.clone(),
+            Targeting::Discover => vec![],
+        };
+        let task = EngineMetricsTask::new(handle, ports, states.clone(), health.clone());
+        // The scrapes reach the engines' sockets, which are captured: they
+        // are the agent's own requests, not LLM traffic.
+        let own = task.own_clients();
+        pipe = pipe.drop_if(move |r| r.client.as_deref().is_some_and(|c| own.contains_str(c)));
+        extras.engines = Some(states);
+        side_tasks.push(Box::new(task));
+    }
     if let Some(m) = &plan.metrics {
-        pipe = pipe.sink(Box::new(Metrics::new(m, health.clone(), None)?));
+        pipe = pipe.sink(Box::new(Metrics::new(m, health.clone(), extras)?));
     }
 
     let mut cap = Capture::start(&plan.capture)?;
@@ -68,7 +90,9 @@ pub async fn run(plan: RunPlan) -> Result<()> {
     let ready = targeter.start(&mut cap, &mut pipe.node, &mut batch)?;
     eprintln!("{ready}");
     let mut src = EventSource::Live(Box::new(cap));
+    // Targeting first: it names the processes the other tasks look at.
     let mut tasks: Vec<Box<dyn Task>> = vec![Box::new(targeter)];
+    tasks.extend(side_tasks);
     let mut procs = Vec::new();
 
     let end = deadline(plan.duration);

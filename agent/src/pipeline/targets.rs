@@ -117,10 +117,13 @@ impl Targeter {
 
     fn name(&self, pid: u32, node: &mut NodeState) -> Option<String> {
         let engine = discover::engine_of(&self.proc_root, pid).map(str::to_string);
+        let mut listen_ports: Vec<u16> = listening(&self.proc_root, pid).into_iter().collect();
+        listen_ports.sort_unstable();
         node.processes.insert(
             pid,
             ProcessInfo {
                 engine: engine.clone(),
+                listen_ports,
             },
         );
         engine
@@ -159,7 +162,13 @@ impl Targeter {
         // kernel included); forget processes that are gone.
         let targets = cap.targets();
         for &pid in &targets {
-            if !node.processes.contains_key(&pid) {
+            // Named once; looked at again while it listens on nothing yet
+            // (an engine loads its model before it listens).
+            if node
+                .processes
+                .get(&pid)
+                .is_none_or(|p| p.listen_ports.is_empty())
+            {
                 self.name(pid, node);
             }
         }

@@ -1,0 +1,101 @@
+//! The engine-metrics task: keeps the scraper's targets in step with the
+//! engines being captured (each target that listens on a TCP port), and
+//! publishes the latest scraped state for the metrics sink.
+//!
+//! Owns: which engines are scraped, on which port. Must not: scrape on the
+//! pipeline's thread (the scraper has its own).
+
+use std::{
+    collections::HashMap,
+    sync::{atomic::Ordering, Arc, Mutex},
+};
+
+use anyhow::Result;
+
+use super::{
+    scrape::{OwnClients, ScrapeHandle},
+    EngineState, Target,
+};
+use crate::pipeline::{health::Health, Task, TaskCx};
+
+/// Engine pid → (engine name, port, state) of the last good scrape.
+pub type SharedEngineStates = Arc<Mutex<HashMap<u32, (String, u16, EngineState)>>>;
+
+pub struct EngineMetricsTask {
+    handle: ScrapeHandle,
+    /// Only these ports when `--port` was given (else each engine's first
+    /// listening port).
+    ports: Vec<u16>,
+    states: SharedEngineStates,
+    health: Arc<Health>,
+    failures_seen: u64,
+}
+
+impl EngineMetricsTask {
+    pub fn new(
+        handle: ScrapeHandle,
+        ports: Vec<u16>,
+        states: SharedEngineStates,
+        health: Arc<Health>,
+    ) -> Self {
+        Self {
+            handle,
+            ports,
+            states,
+            health,
+            failures_seen: 0,
+        }
+    }
+
+    /// The scraper's own connections (records with these clients are the
+    /// agent's own scrapes).
+    pub fn own_clients(&self) -> OwnClients {
+        self.handle.own_clients()
+    }
+}
+
+impl Task for EngineMetricsTask {
+    fn tick(&mut self, cx: &mut TaskCx<'_>) -> Result<()> {
+        let mut targets = Vec::new();
+        let mut meta = HashMap::new();
+        for (&pid, p) in &cx.node.processes {
+            let port = p
+                .listen_ports
+                .iter()
+                .copied()
+                .find(|port| self.ports.is_empty() || self.ports.contains(port));
+            let Some(port) = port else {
+                continue;
+            };
+            meta.insert(pid, (p.engine.clone(), port));
+            targets.push(Target {
+                pid,
+                port,
+                engine: p.engine.clone(),
+            });
+        }
+        targets.sort_by_key(|t| t.pid);
+        self.handle.set_targets(targets);
+        let latest = self.handle.latest();
+        let mut states = self.states.lock().unwrap_or_else(|p| p.into_inner());
+        states.clear();
+        for (pid, st) in latest {
+            if let Some((engine, port)) = meta.get(&pid) {
+                let name = engine
+                    .clone()
+                    .or_else(|| st.family.map(str::to_string))
+                    .unwrap_or_else(|| "unknown".into());
+                states.insert(pid, (name, *port, st));
+            }
+        }
+        let s = self.handle.stats();
+        let failures = s.timeouts + s.refused + s.http_errors + s.parse_errors + s.other_errors;
+        if failures > self.failures_seen {
+            self.health
+                .scrape_failures
+                .fetch_add(failures - self.failures_seen, Ordering::Relaxed);
+            self.failures_seen = failures;
+        }
+        Ok(())
+    }
+}
