@@ -219,3 +219,47 @@ pub fn sum_point_attributes(
     }
     vec![]
 }
+
+/// Every data point of gauge `name` across all exports, in order: its
+/// attributes (key → value as text) and value.
+pub fn gauge_points(
+    exports: &[ExportMetricsServiceRequest],
+    name: &str,
+) -> Vec<(Vec<(String, String)>, f64)> {
+    use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
+    let mut out = vec![];
+    for m in exports
+        .iter()
+        .flat_map(|e| &e.resource_metrics)
+        .flat_map(|rm| &rm.scope_metrics)
+        .flat_map(|sm| &sm.metrics)
+        .filter(|m| m.name == name)
+    {
+        let Some(Data::Gauge(g)) = &m.data else {
+            continue;
+        };
+        for p in &g.data_points {
+            let attrs = p
+                .attributes
+                .iter()
+                .map(|kv| {
+                    let v = match kv.value.as_ref().and_then(|v| v.value.as_ref()) {
+                        Some(Any::StringValue(s)) => s.clone(),
+                        Some(Any::IntValue(i)) => i.to_string(),
+                        Some(Any::BoolValue(b)) => b.to_string(),
+                        Some(Any::DoubleValue(d)) => d.to_string(),
+                        other => format!("{other:?}"),
+                    };
+                    (kv.key.clone(), v)
+                })
+                .collect();
+            let v = match p.value {
+                Some(Num::AsInt(i)) => i as f64,
+                Some(Num::AsDouble(d)) => d,
+                None => f64::NAN,
+            };
+            out.push((attrs, v));
+        }
+    }
+    out
+}

@@ -14,8 +14,8 @@ use serde_json::Value;
 use tokentap_tests::{
     assert_root, http, interrupt,
     otlp::{
-        assert_exports_match_log, counter, exponential_histograms, start_http_receiver,
-        start_receiver, sum_point_attributes,
+        assert_exports_match_log, counter, exponential_histograms, gauge_points,
+        start_http_receiver, start_receiver, sum_point_attributes,
     },
     read_jsonl, scratch_dir, start, start_simengine, tokentap_bin,
 };
@@ -214,4 +214,61 @@ fn check_export(protocol: &str) {
         points.iter().any(|p| has(p, "error.type", "http_429")),
         "{points:?}"
     );
+}
+
+#[test]
+#[ignore = "needs root: loads eBPF (cargo xtask test runs it as root)"]
+fn the_engines_own_metrics_are_exported_and_the_agents_scrapes_are_not_requests() {
+    assert_root("engine metrics");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (sink, otlp_port) = start_receiver(&rt, 0);
+    let dir = scratch_dir("engine-metrics");
+    let log = dir.join("requests.jsonl");
+    // simengine answers GET /metrics in llama.cpp server's names, with
+    // llamacpp:requests_processing = requests being answered now.
+    let (engine, port, _) = start_simengine(Path::new(env!("CARGO_BIN_EXE_simengine")), &[]);
+    let (mut agent, out) = start_agent(
+        engine.0.id(),
+        otlp_port,
+        &["--requests-log", log.to_str().expect("UTF-8 path")],
+    );
+    // One slow stream (60 tokens 50 ms apart: 3 s) spans several scrapes.
+    let slow = std::thread::spawn(move || {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        request(
+            &mut s,
+            &serde_json::json!({"model": "sim-scraped", "stream": true,
+                "sim": {"id": 1, "ttft_ms": 5, "gap_ms": 50, "tokens": 60}}),
+        );
+    });
+    slow.join().unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let (ok, lines) = interrupt(&mut agent, out);
+    let stderr = lines.join("\n");
+    assert!(ok, "tokentap run failed: {stderr}");
+    let exports = sink.0.lock().unwrap().clone();
+    let running = gauge_points(&exports, "tokentap.engine.requests.running");
+    assert!(
+        running.iter().any(|(_, v)| *v == 1.0),
+        "the scrape during the stream saw it running: {running:?}\n{stderr}"
+    );
+    assert!(running.iter().any(|(_, v)| *v == 0.0), "and idle after: {running:?}");
+    let (attrs, _) = &running[0];
+    let get = |k: &str| attrs.iter().find(|(a, _)| a == k).map(|(_, v)| v.clone());
+    assert_eq!(get("gen_ai.provider.name").as_deref(), Some("llama.cpp"));
+    assert_eq!(get("tokentap.engine.pid"), Some(engine.0.id().to_string()));
+    assert_eq!(get("server.port"), Some(port.to_string()));
+    assert!(!gauge_points(&exports, "tokentap.engine.requests.waiting").is_empty());
+    // The scrapes went through the captured engine's sockets, but only the
+    // LLM request is a record.
+    let recs = read_jsonl(&log);
+    assert_eq!(recs.len(), 1, "{recs:?}");
+    assert_eq!(recs[0]["path"], "/v1/chat/completions");
+    let own = counter(&exports, "tokentap.self_requests").unwrap_or(0);
+    assert!(own >= 2, "scrapes seen and dropped: {own}");
+    assert_eq!(counter(&exports, "tokentap.engine.scrape.failures"), Some(0));
 }

@@ -6,6 +6,8 @@
 //!    "messages":[…],"sim":{"id":7,"ttft_ms":20,"gap_ms":3,"tokens":12,
 //!    "status":200,"write":"writev"}}
 //!
+//! `GET /metrics` answers a Prometheus exposition in llama.cpp server's
+//! names (`llamacpp:requests_processing` = requests being answered now).
 //! `status` other than 200 answers with that error; `write` picks the
 //! syscall for stream chunks (`write`, `writev`, `send`), like engines that
 //! differ in their I/O paths. The engine appends one JSON line per request
@@ -85,7 +87,10 @@ fn sys_write(fd: i32, data: &[u8], how: &str) -> bool {
 /// Reads one request (head + Content-Length body); None at EOF. The
 /// bracket is that of the first read of the request when it started on an
 /// empty buffer ([0, 0] when it was already buffered: pipelined).
-fn read_request(conn: &mut BracketedFd, pending: &mut Vec<u8>) -> Option<([u64; 2], Value)> {
+fn read_request(
+    conn: &mut BracketedFd,
+    pending: &mut Vec<u8>,
+) -> Option<([u64; 2], String, Value)> {
     let fresh = pending.is_empty();
     conn.first = None;
     let req = http::read_request(conn, pending).ok()??;
@@ -93,10 +98,28 @@ fn read_request(conn: &mut BracketedFd, pending: &mut Vec<u8>) -> Option<([u64; 
         (true, Some(b)) => b,
         _ => [0, 0],
     };
+    let start = req.head.text.lines().next().unwrap_or("").to_string();
     Some((
         t_read,
+        start,
         serde_json::from_slice(&req.body).unwrap_or(Value::Null),
     ))
+}
+
+/// Requests being answered now (what `GET /metrics` reports, in llama.cpp
+/// server's metric names).
+static IN_FLIGHT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn metrics_text() -> String {
+    let running = IN_FLIGHT.load(std::sync::atomic::Ordering::SeqCst);
+    format!(
+        "# HELP llamacpp:requests_processing Number of requests processing.\n\
+         # TYPE llamacpp:requests_processing gauge\n\
+         llamacpp:requests_processing {running}\n\
+         # HELP llamacpp:requests_deferred Number of requests deferred.\n\
+         # TYPE llamacpp:requests_deferred gauge\n\
+         llamacpp:requests_deferred 0\n"
+    )
 }
 
 fn serve(stream: TcpStream, truth: Arc<Mutex<Option<std::fs::File>>>) {
@@ -107,7 +130,15 @@ fn serve(stream: TcpStream, truth: Arc<Mutex<Option<std::fs::File>>>) {
         .unwrap_or_default();
     let mut pending = Vec::new();
     let mut conn = BracketedFd { fd, first: None };
-    while let Some((t_read, body)) = read_request(&mut conn, &mut pending) {
+    while let Some((t_read, start, body)) = read_request(&mut conn, &mut pending) {
+        if start.starts_with("get /metrics") {
+            let r = http::response(200, "text/plain; version=0.0.4", &metrics_text());
+            if !sys_write(fd, r.as_bytes(), "write") {
+                break;
+            }
+            continue;
+        }
+        IN_FLIGHT.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let sim = &body["sim"];
         let get = |k: &str, d: u64| sim[k].as_u64().unwrap_or(d);
         let id = get("id", 0);
@@ -181,6 +212,7 @@ fn serve(stream: TcpStream, truth: Arc<Mutex<Option<std::fs::File>>>) {
             t["first"] = json!(first);
             t["last"] = json!(last);
         }
+        IN_FLIGHT.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
         t["end"] = json!(end);
         t["outcome"] = json!(if ok { "ok" } else { "client_disconnect" });
         if let Some(f) = truth.lock().unwrap().as_mut() {
