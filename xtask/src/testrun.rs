@@ -36,7 +36,7 @@ pub fn test(args: Vec<String>) -> Result<()> {
         );
     }
     let (cargo_args, harness_args) = split_args(&args);
-    if root && selects_fidelity(&args) {
+    if root && selects_peer_tests(&args) {
         peers()?;
     } else if !root {
         eprintln!(
@@ -109,8 +109,10 @@ fn split_args(args: &[String]) -> (&[String], &[String]) {
 
 /// Whether a run with `args` may include the fidelity tests (which need
 /// the real peers installed): the whole suite, or a selection naming them.
-fn selects_fidelity(args: &[String]) -> bool {
-    args.is_empty() || args.iter().any(|a| a.contains("fidelity"))
+fn selects_peer_tests(args: &[String]) -> bool {
+    // Test binaries that drive the real peers (llama.cpp, the openai SDK).
+    const PEER_TESTS: [&str; 2] = ["fidelity", "enginemetrics"];
+    args.is_empty() || args.iter().any(|a| PEER_TESTS.iter().any(|t| a.contains(t)))
 }
 
 /// The test binary a `Running …` line of cargo starts, by its path (the
@@ -264,8 +266,9 @@ test export ... ignored, needs root: loads eBPF
 
     #[test]
     fn peers_are_needed_for_the_whole_suite_or_a_fidelity_selection_only() {
-        assert!(selects_fidelity(&[]));
-        assert!(selects_fidelity(&["--test".into(), "fidelity".into()]));
-        assert!(!selects_fidelity(&["--test".into(), "live".into()]));
+        assert!(selects_peer_tests(&[]));
+        assert!(selects_peer_tests(&["--test".into(), "fidelity".into()]));
+        assert!(!selects_peer_tests(&["--test".into(), "live".into()]));
+        assert!(selects_peer_tests(&["--test".into(), "enginemetrics".into()]));
     }
 }
