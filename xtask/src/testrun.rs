@@ -265,7 +265,7 @@ test export ... ignored, needs root: loads eBPF
     }
 
     #[test]
-    fn peers_are_needed_for_the_whole_suite_or_a_fidelity_selection_only() {
+    fn peers_are_needed_for_the_whole_suite_or_a_selection_of_peer_tests() {
         assert!(selects_peer_tests(&[]));
         assert!(selects_peer_tests(&["--test".into(), "fidelity".into()]));
         assert!(!selects_peer_tests(&["--test".into(), "live".into()]));
