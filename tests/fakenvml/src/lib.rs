@@ -120,6 +120,26 @@ struct Values {
     mig: Vec<Values>,
 }
 
+/// A device the current step says nothing about: every reading
+/// `NOT_SUPPORTED`, no processes.
+static NO_VALUES: Values = Values {
+    util_gpu: None,
+    util_memory: None,
+    memory_total: None,
+    memory_used: None,
+    memory_reserved: None,
+    power_mw: None,
+    energy_mj: None,
+    temperature_c: None,
+    sm_clock_mhz: None,
+    clocks_event_reasons: None,
+    compute_processes: Vec::new(),
+    graphics_processes: Vec::new(),
+    errors: BTreeMap::new(),
+    lost: false,
+    mig: Vec::new(),
+};
+
 #[derive(Deserialize, Default, Clone)]
 #[serde(deny_unknown_fields)]
 struct Proc {
@@ -221,7 +241,7 @@ impl State {
 
     /// The scripted values of a device now, or the error its call `name`
     /// must answer.
-    fn values(&self, name: &str, h: nvmlDevice_t) -> Result<Values, nvmlReturn_t> {
+    fn values(&self, name: &str, h: nvmlDevice_t) -> Result<&Values, nvmlReturn_t> {
         let (gpu, mig) = unhandle(h).ok_or(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT)?;
         let ident = self
             .identity(gpu, mig)
@@ -235,10 +255,10 @@ impl State {
             .max_by_key(|s| s.t_ms);
         let parent = step.and_then(|s| s.devices.get(gpu));
         let vals = match mig {
-            None => parent.cloned(),
-            Some(m) => parent.and_then(|p| p.mig.get(m)).cloned(),
+            None => parent,
+            Some(m) => parent.and_then(|p| p.mig.get(m)),
         }
-        .unwrap_or_default();
+        .unwrap_or(&NO_VALUES);
         // A lost parent GPU takes its MIG instances with it.
         if vals.lost || (mig.is_some() && parent.is_some_and(|p| p.lost)) {
             return Err(nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST);
@@ -271,7 +291,7 @@ fn device_call<T>(
     pick: impl FnOnce(&Values) -> Option<T>,
 ) -> nvmlReturn_t {
     entry(name, |st| match st.values(name, dev) {
-        Ok(v) => answer(out, pick(&v)),
+        Ok(v) => answer(out, pick(v)),
         Err(e) => e,
     })
 }
@@ -461,8 +481,11 @@ pub extern "C" fn nvmlDeviceGetUtilizationRates(
     })
 }
 
+/// # Safety
+/// `memory` is null or points to an `nvmlMemory_v2_t` whose `version` the
+/// caller set (NVML's contract).
 #[no_mangle]
-pub extern "C" fn nvmlDeviceGetMemoryInfo_v2(
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     device: nvmlDevice_t,
     memory: *mut nvmlMemory_v2_t,
 ) -> nvmlReturn_t {
@@ -470,7 +493,7 @@ pub extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     if memory.is_null() {
         return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
     }
-    // SAFETY: non-null; NVML's contract is that the caller set `version`.
+    // SAFETY: non-null, and valid by this function's contract.
     let version = unsafe { (*memory).version };
     entry("nvmlDeviceGetMemoryInfo_v2", |st| {
         if version != expected {
@@ -586,7 +609,7 @@ fn process_list(
         if count.is_null() {
             return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
         }
-        let list = pick(&v);
+        let list = pick(v);
         // SAFETY: non-null in/out count from the caller.
         let room = unsafe { *count } as usize;
         // SAFETY: as above.
