@@ -104,6 +104,12 @@ fn gpu_values(util: u32, energy_mj: u64, pids: &[u32]) -> Value {
 
 /// Two plain GPUs and one with MIG enabled (two instances).
 fn three_gpus(pids: &[u32]) -> Value {
+    let mut gpu0 = gpu_values(37, 1_000_000, pids);
+    // Two samples of the first process, none of the second.
+    gpu0["process_utilization"] = json!([
+        {"pid": pids[0], "sm_util": 40, "mem_util": 3},
+        {"pid": pids[0], "sm_util": 61, "mem_util": 3}
+    ]);
     json!({
         "devices": [
             {"uuid": "GPU-00000000-0000-0000-0000-000000000000", "name": "NVIDIA H100 80GB HBM3"},
@@ -116,7 +122,7 @@ fn three_gpus(pids: &[u32]) -> Value {
         ],
         "steps": [
             {"t_ms": 0, "devices": [
-                gpu_values(37, 1_000_000, pids),
+                gpu0,
                 {
                     "util_gpu": 0, "util_memory": 0,
                     "memory_total": 85_899_345_920u64, "memory_used": 0,
@@ -193,6 +199,7 @@ fn every_field_is_sampled_as_scripted_with_units_converted() {
                     .map(|&pid| GpuProcess {
                         pid,
                         used_bytes: Some(1_073_741_824),
+                        sm_util: (pid == pids[0]).then_some(0.505),
                     })
                     .collect();
                 p.sort_by_key(|p| p.pid);
@@ -212,7 +219,8 @@ fn every_field_is_sampled_as_scripted_with_units_converted() {
         d1.processes,
         vec![GpuProcess {
             pid: pids[0],
-            used_bytes: None
+            used_bytes: None,
+            sm_util: None,
         }],
         "graphics list; NVML_VALUE_NOT_AVAILABLE is None"
     );
@@ -247,16 +255,32 @@ fn every_field_is_sampled_as_scripted_with_units_converted() {
         sample.devices[3].processes,
         vec![GpuProcess {
             pid: pids[1],
-            used_bytes: Some(805_306_368)
+            used_bytes: Some(805_306_368),
+            sm_util: None,
         }]
     );
+    // A second pass in the same step: no new per-process samples
+    // (NOT_FOUND), so no utilisation, and that is not a failure.
+    let again = sampler.sample(43).expect("a second sample");
+    assert!(again.devices[0]
+        .processes
+        .iter()
+        .all(|p| p.sm_util.is_none()));
+    assert_eq!(again.devices[0].processes.len(), 2);
     let st = sampler.status();
     assert_eq!(st.availability, Availability::Ok { devices: 5 });
+    assert!(
+        !st.call_failures
+            .keys()
+            .any(|k| k.contains("ProcessUtilization")),
+        "{:?}",
+        st.call_failures
+    );
     assert_eq!(
         st.call_failures
             .get("nvmlDeviceGetPowerUsage: NOT_SUPPORTED"),
-        Some(&2),
-        "{:?}",
+        Some(&4),
+        "two MIG instances, two passes: {:?}",
         st.call_failures
     );
     assert_eq!(st.notices, 0);
@@ -271,11 +295,13 @@ fn values_follow_the_scripted_time_steps() {
     }
     let s = Scratch::new(NAME);
     let pid = own_pid();
+    let mut later = gpu_values(90, 1_250_000, &[pid]);
+    later["process_utilization"] = json!([{"pid": pid, "sm_util": 70}]);
     s.scenario(&json!({
         "devices": [{"uuid": "GPU-0", "name": "NVIDIA L4"}],
         "steps": [
             {"t_ms": 0, "devices": [gpu_values(10, 1_000_000, &[])]},
-            {"t_ms": 700, "devices": [gpu_values(90, 1_250_000, &[pid])]}
+            {"t_ms": 700, "devices": [later]}
         ]
     }));
     let started = Instant::now();
@@ -295,6 +321,7 @@ fn values_follow_the_scripted_time_steps() {
     );
     assert_eq!((a.processes.len(), b.processes.len()), (0, 1));
     assert_eq!(b.processes[0].pid, pid);
+    assert_eq!(b.processes[0].sm_util, Some(0.7));
 }
 
 #[test]

@@ -410,6 +410,7 @@ mod tests {
             processes: vec![GpuProcess {
                 pid: 42,
                 used_bytes: Some(1 << 30),
+                sm_util: Some(0.3),
             }],
         }
     }

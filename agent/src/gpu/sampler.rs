@@ -140,6 +140,9 @@ pub struct Sampler {
     identities: HashMap<u32, (String, String)>,
     /// GPUs said lost (by uuid, or `index N` when the uuid is unknown).
     said_lost: HashSet<String>,
+    /// Newest per-process utilisation sample seen, per device (NVML's
+    /// CPU timestamp, µs).
+    util_seen_us: HashMap<String, u64>,
     devices_last: usize,
     init_attempts: u64,
     call_failures: BTreeMap<String, u64>,
@@ -159,6 +162,7 @@ impl Sampler {
             said: None,
             identities: HashMap::new(),
             said_lost: HashSet::new(),
+            util_seen_us: HashMap::new(),
             devices_last: 0,
             init_attempts: 0,
             call_failures: BTreeMap::new(),
@@ -207,6 +211,7 @@ impl Sampler {
                 self.nvml = Some(nvml);
                 self.identities.clear();
                 self.said_lost.clear();
+                self.util_seen_us.clear();
                 if self.said.take().is_some() {
                     self.reason = None;
                     self.notice(format!(
@@ -442,7 +447,39 @@ impl Sampler {
                 .flatten()
                 .chain(graphics.into_iter().flatten()),
         );
+        if !ds.processes.is_empty() {
+            let util = self.process_sm_util(dev, &ds.uuid)?;
+            for p in &mut ds.processes {
+                p.sm_util = util.get(&p.pid).copied();
+            }
+        }
         Ok(())
+    }
+
+    /// Mean SM utilisation per pid over NVML's samples since the last pass
+    /// on this device. `NOT_FOUND` (no sample since then) is NVML's normal
+    /// answer, not a failure.
+    fn process_sm_util(&mut self, dev: &Device, uuid: &str) -> Result<HashMap<u32, f64>, Lost> {
+        let since = self.util_seen_us.get(uuid).copied().unwrap_or(0);
+        let samples = match dev.process_utilization_stats(since) {
+            Err(NvmlError::NotFound) => return Ok(HashMap::new()),
+            r => self
+                .field("nvmlDeviceGetProcessUtilization", r)?
+                .unwrap_or_default(),
+        };
+        let mut sums: HashMap<u32, (u64, u64)> = HashMap::new();
+        let mut newest = since;
+        for s in samples {
+            newest = newest.max(s.timestamp);
+            let e = sums.entry(s.pid).or_insert((0, 0));
+            e.0 += u64::from(s.sm_util);
+            e.1 += 1;
+        }
+        self.util_seen_us.insert(uuid.to_string(), newest);
+        Ok(sums
+            .into_iter()
+            .map(|(pid, (sum, n))| (pid, sum as f64 / n as f64 / 100.0))
+            .collect())
     }
 }
 
@@ -593,6 +630,7 @@ fn running_processes(
             .map(|p| GpuProcess {
                 pid: p.pid,
                 used_bytes: (p.usedGpuMemory != VALUE_NOT_AVAILABLE).then_some(p.usedGpuMemory),
+                sm_util: None,
             })
             .collect());
     }
@@ -613,7 +651,11 @@ fn merge_processes(procs: impl Iterator<Item = GpuProcess>) -> Vec<GpuProcess> {
     }
     by_pid
         .into_iter()
-        .map(|(pid, used_bytes)| GpuProcess { pid, used_bytes })
+        .map(|(pid, used_bytes)| GpuProcess {
+            pid,
+            used_bytes,
+            sm_util: None,
+        })
         .collect()
 }
 
@@ -733,7 +775,11 @@ mod tests {
 
     #[test]
     fn merged_processes_keep_the_larger_known_footprint_once_per_pid() {
-        let p = |pid, used_bytes| GpuProcess { pid, used_bytes };
+        let p = |pid, used_bytes| GpuProcess {
+            pid,
+            used_bytes,
+            sm_util: None,
+        };
         let merged = merge_processes(
             [
                 p(7, Some(100)),

@@ -6,8 +6,9 @@
 //! (types from `nvml-wrapper-sys`, the bindings nvml-wrapper itself uses)
 //! and NVML's calling protocols: versioned structs (`nvmlMemory_v2_t`'s
 //! `version` is checked), the two-call process-list protocol
-//! (`INSUFFICIENT_SIZE` and the needed count), MIG handles (`NOT_FOUND`
-//! past the last instance), reference-counted init/shutdown. Must not:
+//! (`INSUFFICIENT_SIZE` and the needed count), `NOT_FOUND` for process
+//! utilisation with no sample since the caller's timestamp, MIG handles
+//! (`NOT_FOUND` past the last instance), reference-counted init/shutdown. Must not:
 //! pretend anything the scenario did not script; panic across the C ABI
 //! (every entry point catches and answers `NVML_ERROR_UNKNOWN`).
 //!
@@ -37,6 +38,7 @@
 //!         "sm_clock_mhz": 1980, "clocks_event_reasons": 4,   // NVML bit mask
 //!         "compute_processes": [ { "pid": 1234, "used_bytes": 1048576 } ],
 //!         "graphics_processes": [ { "pid": 1234, "used_bytes": null } ],  // null: NVML_VALUE_NOT_AVAILABLE
+//!         "process_utilization": [ { "pid": 1234, "sm_util": 40, "mem_util": 5 } ],  // none: NOT_FOUND
 //!         "errors": { "nvmlDeviceGetTemperature": "NO_PERMISSION" },
 //!         "lost": false,                          // true: GPU_IS_LOST on every call
 //!         "mig": [ { …the same keys, per MIG instance… } ] } ] }
@@ -113,6 +115,8 @@ struct Values {
     #[serde(default)]
     graphics_processes: Vec<Proc>,
     #[serde(default)]
+    process_utilization: Vec<ProcUtil>,
+    #[serde(default)]
     errors: BTreeMap<String, String>,
     #[serde(default)]
     lost: bool,
@@ -135,6 +139,7 @@ static NO_VALUES: Values = Values {
     clocks_event_reasons: None,
     compute_processes: Vec::new(),
     graphics_processes: Vec::new(),
+    process_utilization: Vec::new(),
     errors: BTreeMap::new(),
     lost: false,
     mig: Vec::new(),
@@ -145,6 +150,15 @@ static NO_VALUES: Values = Values {
 struct Proc {
     pid: u32,
     used_bytes: Option<u64>,
+}
+
+#[derive(Deserialize, Default, Clone)]
+#[serde(deny_unknown_fields)]
+struct ProcUtil {
+    pid: u32,
+    sm_util: u32,
+    #[serde(default)]
+    mem_util: u32,
 }
 
 struct State {
@@ -237,6 +251,18 @@ impl State {
             None => Some(d),
             Some(m) => d.mig.get(m),
         }
+    }
+
+    /// The current step's start, ms since init (0 before the first step).
+    fn step_t_ms(&self) -> u64 {
+        let elapsed_ms = self.init_at.elapsed().as_millis() as u64;
+        self.scenario
+            .steps
+            .iter()
+            .map(|s| s.t_ms)
+            .filter(|&t| t <= elapsed_ms)
+            .max()
+            .unwrap_or(0)
     }
 
     /// The scripted values of a device now, or the error its call `name`
@@ -667,6 +693,59 @@ pub extern "C" fn nvmlDeviceGetGraphicsRunningProcesses_v3(
         infos,
         |v| &v.graphics_processes,
     )
+}
+
+/// Per-process utilisation samples newer than `last_seen` (µs). The
+/// scripted samples of a step are stamped `t_ms * 1000 + k + 1` (k: their
+/// position), so a second call in the same step with the newest stamp gets
+/// `NOT_FOUND`, as NVML answers when nothing was sampled since. A null
+/// buffer or too small a count: `INSUFFICIENT_SIZE` and the needed count.
+#[no_mangle]
+pub extern "C" fn nvmlDeviceGetProcessUtilization(
+    device: nvmlDevice_t,
+    utilization: *mut nvmlProcessUtilizationSample_t,
+    count: *mut c_uint,
+    last_seen: c_ulonglong,
+) -> nvmlReturn_t {
+    entry("nvmlDeviceGetProcessUtilization", |st| {
+        let v = match st.values("nvmlDeviceGetProcessUtilization", device) {
+            Ok(v) => v,
+            Err(e) => return e,
+        };
+        if count.is_null() {
+            return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
+        }
+        let base_us = st.step_t_ms() * 1000;
+        let fresh: Vec<nvmlProcessUtilizationSample_t> = v
+            .process_utilization
+            .iter()
+            .enumerate()
+            .map(|(k, u)| nvmlProcessUtilizationSample_t {
+                pid: u.pid,
+                timeStamp: base_us + k as u64 + 1,
+                smUtil: u.sm_util,
+                memUtil: u.mem_util,
+                encUtil: 0,
+                decUtil: 0,
+            })
+            .filter(|s| s.timeStamp > last_seen)
+            .collect();
+        if fresh.is_empty() {
+            return nvmlReturn_enum_NVML_ERROR_NOT_FOUND;
+        }
+        // SAFETY: non-null in/out count from the caller.
+        let room = unsafe { *count } as usize;
+        // SAFETY: as above.
+        unsafe { *count = fresh.len() as c_uint };
+        if utilization.is_null() || room < fresh.len() {
+            return nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE;
+        }
+        for (i, s) in fresh.into_iter().enumerate() {
+            // SAFETY: the caller's buffer holds `room` >= fresh.len() entries.
+            unsafe { utilization.add(i).write(s) };
+        }
+        nvmlReturn_enum_NVML_SUCCESS
+    })
 }
 
 #[no_mangle]
