@@ -700,8 +700,12 @@ pub extern "C" fn nvmlDeviceGetGraphicsRunningProcesses_v3(
 /// position), so a second call in the same step with the newest stamp gets
 /// `NOT_FOUND`, as NVML answers when nothing was sampled since. A null
 /// buffer or too small a count: `INSUFFICIENT_SIZE` and the needed count.
+///
+/// # Safety
+/// `count` is null or valid; `utilization` is null or holds `*count`
+/// entries (NVML's contract).
 #[no_mangle]
-pub extern "C" fn nvmlDeviceGetProcessUtilization(
+pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
     device: nvmlDevice_t,
     utilization: *mut nvmlProcessUtilizationSample_t,
     count: *mut c_uint,
