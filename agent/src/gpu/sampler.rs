@@ -318,8 +318,13 @@ impl Sampler {
                     .map(|(uuid, name)| format!("{uuid} ({name})"))
                     .unwrap_or_else(|| format!("index {index}"));
                 if self.said_lost.insert(who.clone()) {
+                    let others = if count > 1 {
+                        "; the other GPUs go on"
+                    } else {
+                        ""
+                    };
                     self.notice(format!(
-                        "GPU {who} is lost ({}): left out of GPU metrics; the other GPUs go on",
+                        "GPU {who} is lost ({}): left out of GPU metrics{others}",
                         error_name(&e)
                     ));
                 }
