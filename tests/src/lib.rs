@@ -17,6 +17,7 @@ use std::{
 
 use serde_json::Value;
 
+pub mod fakenvml;
 pub mod http;
 pub mod otlp;
 pub mod peers;

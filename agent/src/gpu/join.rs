@@ -344,6 +344,7 @@ mod tests {
                 .map(|&(pid, b)| GpuProcess {
                     pid,
                     used_bytes: Some(b),
+                    ..Default::default()
                 })
                 .collect(),
             ..Default::default()

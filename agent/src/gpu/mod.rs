@@ -1,8 +1,14 @@
-//! GPU state next to request metrics: NVML sampling, the engine ↔ GPU map,
-//! per-request GPU fields and energy attribution.
+//! GPU state next to request metrics: NVML sampling (`sampler`, on its own
+//! thread), the device instruments (`instruments`), the engine ↔ GPU map
+//! and per-request arithmetic (`join`), the pipeline stage that joins GPU
+//! state into records (`stage`), the task that feeds it (`task`), and the
+//! engine-level instruments (`engine_instruments`). `types` is the contract
+//! between them.
 
 pub mod engine_instruments;
+pub mod instruments;
 pub mod join;
+pub mod sampler;
 pub mod stage;
 pub mod task;
 pub mod types;

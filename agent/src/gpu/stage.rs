@@ -275,6 +275,7 @@ mod tests {
                     .map(|&pid| GpuProcess {
                         pid,
                         used_bytes: Some(1 << 30),
+                        ..Default::default()
                     })
                     .collect(),
                 ..Default::default()

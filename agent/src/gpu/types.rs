@@ -47,10 +47,15 @@ pub struct DeviceSample {
     pub processes: Vec<GpuProcess>,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct GpuProcess {
     pub pid: u32,
     /// GPU memory the process holds on this device; None when NVML cannot
     /// say (e.g. under some virtualisation / MIG set-ups).
     pub used_bytes: Option<u64>,
+    /// The process's SM utilisation, fraction 0-1: the mean of NVML's
+    /// per-process samples since the previous pass. None when NVML has no
+    /// sample for it in that window (`NOT_FOUND`: nothing new; NVML only
+    /// reports processes with non-zero use) or cannot say.
+    pub sm_util: Option<f64>,
 }
