@@ -17,4 +17,5 @@ pub mod gpu;
 pub mod metrics;
 pub mod pipeline;
 pub mod record;
+pub mod selftraffic;
 pub mod source;

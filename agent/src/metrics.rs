@@ -89,6 +89,8 @@ pub struct MetricsConfig {
 pub struct Extras {
     /// GPU samples, the engine ↔ GPU map, energy (GPU sampling on).
     pub gpu: Option<crate::gpu::stage::SharedView>,
+    /// The latest sample per device, for the `hw.*` instruments.
+    pub gpu_devices: Option<crate::gpu::instruments::SharedGpu>,
     /// Engines' own scraped metrics (engine-metrics scrape on).
     pub engines: Option<crate::enginemetrics::task::SharedEngineStates>,
 }
@@ -147,6 +149,7 @@ pub struct Metrics {
     attrs: AttributeMap,
     /// Engine pid → (engine, model) from records, for GPU instruments.
     engine_names: crate::gpu::engine_instruments::EngineNames,
+    _gpu_instruments: Option<crate::gpu::instruments::GpuInstruments>,
 }
 
 /// An attribute with unbounded values (model names, later tenants): the
@@ -466,7 +469,11 @@ impl Metrics {
         if let Some(states) = extras.engines {
             register_engine_states(&meter, states);
         }
+        let gpu_instruments = extras
+            .gpu_devices
+            .map(|d| crate::gpu::instruments::register(&meter, d));
         Ok(Self {
+            _gpu_instruments: gpu_instruments,
             engine_names,
             provider,
             ttft,

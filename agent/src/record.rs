@@ -75,6 +75,9 @@ pub struct Finished {
     pub seq: u64,
     /// Content-bearing stream events written (0 for a non-streamed body).
     pub content_events: u64,
+    /// The agent made this request itself (`crate::selftraffic`): counted,
+    /// never written or exported as a request.
+    pub self_request: bool,
     /// Gaps between consecutive content-bearing writes, in seconds.
     pub chunk_gaps_s: Vec<f64>,
 }

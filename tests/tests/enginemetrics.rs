@@ -10,17 +10,20 @@
 
 use std::{
     io::{Read, Write},
-    net::{SocketAddr, TcpListener, TcpStream},
+    net::{TcpListener, TcpStream},
     path::{Path, PathBuf},
     process::Command,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
-use tokentap::enginemetrics::{
-    engine_state,
-    prom::{self, Limits, MetricType},
-    scrape, EngineState, ScrapeError, Scraper, Target,
+use tokentap::{
+    enginemetrics::{
+        engine_state,
+        prom::{self, Limits, MetricType},
+        scrape, EngineState, ScrapeError, Scraper, Target,
+    },
+    selftraffic::{self, Marker},
 };
 use tokentap_tests::{
     assert_root, free_port,
@@ -54,7 +57,16 @@ enum Reply {
 /// A server on 127.0.0.1 answering every connection with `reply` and
 /// `body`; returns its port and the peer address of every connection it
 /// accepted (as the engine would see the scraper).
-fn serve(reply: Reply, body: Vec<u8>) -> (u16, Arc<Mutex<Vec<SocketAddr>>>) {
+/// Whether a request head carries `m` in the own-traffic header.
+fn carries(head: &str, m: &Marker) -> bool {
+    head.lines().any(|l| {
+        l.split_once(':').is_some_and(|(k, v)| {
+            k.trim().eq_ignore_ascii_case(selftraffic::HEADER) && m.matches(v.as_bytes())
+        })
+    })
+}
+
+fn serve(reply: Reply, body: Vec<u8>) -> (u16, Arc<Mutex<Vec<String>>>) {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
     let port = listener.local_addr().expect("addr").port();
     let peers = Arc::new(Mutex::new(vec![]));
@@ -63,9 +75,6 @@ fn serve(reply: Reply, body: Vec<u8>) -> (u16, Arc<Mutex<Vec<SocketAddr>>>) {
         let mut held = vec![];
         for conn in listener.incoming() {
             let Ok(mut s) = conn else { continue };
-            if let Ok(a) = s.peer_addr() {
-                seen.lock().unwrap().push(a);
-            }
             s.set_read_timeout(Some(Duration::from_secs(5))).ok();
             let mut req = vec![];
             let mut b = [0u8; 1024];
@@ -80,6 +89,9 @@ fn serve(reply: Reply, body: Vec<u8>) -> (u16, Arc<Mutex<Vec<SocketAddr>>>) {
                 "{}",
                 String::from_utf8_lossy(&req)
             );
+            seen.lock()
+                .unwrap()
+                .push(String::from_utf8_lossy(&req).into_owned());
             let head = |extra: &str| {
                 format!("HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n{extra}\r\n")
             };
@@ -200,22 +212,21 @@ fn recorded_llama_server_exposition_has_counts_but_no_kv_gauge() {
 }
 
 #[test]
-fn scrape_reads_every_body_framing_and_knows_its_own_clients() {
-    let mut scraper = Scraper::default();
-    let own = scraper.own_clients();
+fn scrape_reads_every_body_framing_and_marks_its_requests_as_the_agents() {
+    let marker = Marker::new();
+    let mut scraper = Scraper::new(Duration::from_secs(1), marker.clone());
     for reply in [Reply::Length, Reply::Chunked, Reply::Close] {
-        let (port, peers) = serve(reply, fixture("vllm-v1-metrics.prom"));
+        let (port, heads) = serve(reply, fixture("vllm-v1-metrics.prom"));
         let state = scraper
             .scrape(std::process::id(), port, Some("vllm"))
             .expect("scrape");
         assert_eq!(state, vllm_fixture_state());
-        let accepted = peers.lock().unwrap().clone();
-        assert_eq!(accepted.len(), 1);
+        let heads = heads.lock().unwrap().clone();
+        assert_eq!(heads.len(), 1);
         assert!(
-            own.contains(&accepted[0]),
-            "the engine's view of the scraper ({}) is in the own-client set {:?}",
-            accepted[0],
-            own.snapshot()
+            carries(&heads[0], &marker),
+            "the request carries this run's own-traffic token: {}",
+            heads[0]
         );
     }
     assert_eq!(scraper.stats().ok, 3);
@@ -225,7 +236,7 @@ fn scrape_reads_every_body_framing_and_knows_its_own_clients() {
 #[test]
 fn an_engine_that_accepts_and_never_answers_times_out_within_the_limit() {
     let (port, peers) = serve(Reply::Silent, vec![]);
-    let mut scraper = Scraper::default();
+    let mut scraper = Scraper::new(Duration::from_secs(1), Marker::new());
     let t = Instant::now();
     let err = scraper
         .scrape(std::process::id(), port, None)
@@ -243,7 +254,7 @@ fn an_engine_that_accepts_and_never_answers_times_out_within_the_limit() {
 #[test]
 fn a_404_is_remembered_and_the_engine_is_not_asked_again() {
     let (port, peers) = serve(Reply::Status(404), vec![]);
-    let mut scraper = Scraper::default();
+    let mut scraper = Scraper::new(Duration::from_secs(1), Marker::new());
     let pid = std::process::id();
     assert!(matches!(
         scraper.scrape(pid, port, None),
@@ -264,7 +275,7 @@ fn a_404_is_remembered_and_the_engine_is_not_asked_again() {
 #[test]
 fn errors_are_counted_by_kind_and_never_fatal() {
     let pid = std::process::id();
-    let mut scraper = Scraper::default();
+    let mut scraper = Scraper::new(Duration::from_secs(1), Marker::new());
     let (p500, _) = serve(Reply::Status(500), vec![]);
     assert!(matches!(
         scraper.scrape(pid, p500, None),
@@ -310,7 +321,8 @@ fn errors_are_counted_by_kind_and_never_fatal() {
 #[test]
 fn background_runner_publishes_states_by_pid_and_forgets_removed_targets() {
     let (port, peers) = serve(Reply::Length, fixture("vllm-v1-metrics.prom"));
-    let handle = scrape::spawn(Duration::from_millis(100)).expect("spawn");
+    let marker = Marker::new();
+    let handle = scrape::spawn(Duration::from_millis(100), marker.clone()).expect("spawn");
     let pid = std::process::id();
     handle.set_targets(vec![Target {
         pid,
@@ -326,8 +338,7 @@ fn background_runner_publishes_states_by_pid_and_forgets_removed_targets() {
     std::thread::sleep(Duration::from_millis(350));
     let n = peers.lock().unwrap().len();
     assert!((3..=6).contains(&n), "{n} scrapes in ~0.4 s at 100 ms");
-    let own = handle.own_clients();
-    assert!(peers.lock().unwrap().iter().any(|a| own.contains(a)));
+    assert!(peers.lock().unwrap().iter().all(|h| carries(h, &marker)));
     assert!(handle.stats().ok >= 3);
 
     handle.set_targets(vec![]);
@@ -385,7 +396,7 @@ fn real_llama_server_reports_running_and_deferred_requests() {
     // One slot: a second concurrent request waits (is "deferred").
     let (engine, _out) = peers.start_engine(Engine::Native, port, 1);
     let pid = engine.0.id();
-    let mut scraper = Scraper::default();
+    let mut scraper = Scraper::new(Duration::from_secs(1), Marker::new());
     complete(port, 8);
     complete(port, 8);
     let idle = scraper
@@ -456,7 +467,7 @@ fn llama_server_in_its_own_network_namespace_is_scraped_through_setns() {
     // From the host's namespace its port is not reachable at all.
     assert!(TcpStream::connect(("127.0.0.1", port)).is_err());
 
-    let mut scraper = Scraper::default();
+    let mut scraper = Scraper::new(Duration::from_secs(1), Marker::new());
     let state = scraper
         .scrape(pid, port, Some("llama.cpp"))
         .expect("scrape through setns");
@@ -465,11 +476,6 @@ fn llama_server_in_its_own_network_namespace_is_scraped_through_setns() {
     assert_eq!(state.requests_waiting, Some(0.0));
     let st = scraper.stats();
     assert_eq!((st.ok, st.namespace_failures), (1, 0));
-    // The connection's client address was recorded (loopback inside the
-    // namespace: what llama-server saw as the peer).
-    let own = scraper.own_clients().snapshot();
-    assert_eq!(own.len(), 1, "{own:?}");
-    assert!(own.iter().all(|a| a.ip().is_loopback()), "{own:?}");
 }
 
 /// A network namespace `ttm-<pid>` joined to the host by a veth pair
@@ -604,7 +610,7 @@ fn setns_refused_falls_back_only_to_a_routable_listen_address() {
     let (lo_pid, routed_pid) = (lo.0.id(), routed.0.id());
 
     // With the right to enter the namespace both are reached.
-    let mut scraper = Scraper::default();
+    let mut scraper = Scraper::new(Duration::from_secs(1), Marker::new());
     assert_eq!(
         scraper.scrape(lo_pid, lo_port, None).expect("lo via setns"),
         vllm_fixture_state()

@@ -256,7 +256,10 @@ fn the_engines_own_metrics_are_exported_and_the_agents_scrapes_are_not_requests(
         running.iter().any(|(_, v)| *v == 1.0),
         "the scrape during the stream saw it running: {running:?}\n{stderr}"
     );
-    assert!(running.iter().any(|(_, v)| *v == 0.0), "and idle after: {running:?}");
+    assert!(
+        running.iter().any(|(_, v)| *v == 0.0),
+        "and idle after: {running:?}"
+    );
     let (attrs, _) = &running[0];
     let get = |k: &str| attrs.iter().find(|(a, _)| a == k).map(|(_, v)| v.clone());
     assert_eq!(get("gen_ai.provider.name").as_deref(), Some("llama.cpp"));
@@ -270,5 +273,8 @@ fn the_engines_own_metrics_are_exported_and_the_agents_scrapes_are_not_requests(
     assert_eq!(recs[0]["path"], "/v1/chat/completions");
     let own = counter(&exports, "tokentap.self_requests").unwrap_or(0);
     assert!(own >= 2, "scrapes seen and dropped: {own}");
-    assert_eq!(counter(&exports, "tokentap.engine.scrape.failures"), Some(0));
+    assert_eq!(
+        counter(&exports, "tokentap.engine.scrape.failures"),
+        Some(0)
+    );
 }

@@ -112,7 +112,10 @@ fn split_args(args: &[String]) -> (&[String], &[String]) {
 fn selects_peer_tests(args: &[String]) -> bool {
     // Test binaries that drive the real peers (llama.cpp, the openai SDK).
     const PEER_TESTS: [&str; 2] = ["fidelity", "enginemetrics"];
-    args.is_empty() || args.iter().any(|a| PEER_TESTS.iter().any(|t| a.contains(t)))
+    args.is_empty()
+        || args
+            .iter()
+            .any(|a| PEER_TESTS.iter().any(|t| a.contains(t)))
 }
 
 /// The test binary a `Running …` line of cargo starts, by its path (the
@@ -269,6 +272,9 @@ test export ... ignored, needs root: loads eBPF
         assert!(selects_peer_tests(&[]));
         assert!(selects_peer_tests(&["--test".into(), "fidelity".into()]));
         assert!(!selects_peer_tests(&["--test".into(), "live".into()]));
-        assert!(selects_peer_tests(&["--test".into(), "enginemetrics".into()]));
+        assert!(selects_peer_tests(&[
+            "--test".into(),
+            "enginemetrics".into()
+        ]));
     }
 }

@@ -28,6 +28,8 @@ pub struct Exchange {
     /// The response is an event stream (SSE or NDJSON).
     pub stream: bool,
     pub last_response_byte_ns: Option<u64>,
+    /// The agent's own request (`crate::selftraffic`), not LLM traffic.
+    pub self_request: bool,
     first_content_ns: Option<u64>,
     first_reasoning_ns: Option<u64>,
     first_answer_ns: Option<u64>,
@@ -71,6 +73,7 @@ impl Exchange {
             provider: format.provider(),
             stream: false,
             last_response_byte_ns: None,
+            self_request: false,
             first_content_ns: None,
             first_reasoning_ns: None,
             first_answer_ns: None,
@@ -247,6 +250,7 @@ impl Exchange {
         };
         Finished {
             record,
+            self_request: self.self_request,
             seq: self.seq,
             content_events: self.content_events,
             chunk_gaps_s: self.gaps,

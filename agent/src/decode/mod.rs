@@ -25,6 +25,7 @@ use std::collections::HashMap;
 use serde::Serialize;
 
 use self::http1::Http1Conn;
+use crate::selftraffic::Marker;
 use crate::{
     event::{DataEvent, Dir, Role, SocketEvent},
     record::Finished,
@@ -115,12 +116,18 @@ pub struct Out<'a> {
     pub stats: &'a mut DecodeStats,
     next_seq: &'a mut u64,
     records: &'a mut Vec<Finished>,
+    self_marker: Option<&'a Marker>,
 }
 
 impl Out<'_> {
     pub fn emit(&mut self, r: Finished) {
         self.stats.records += 1;
         self.records.push(r);
+    }
+
+    /// Whether a request's own-traffic header value is this run's token.
+    pub fn is_self(&self, header: Option<&[u8]>) -> bool {
+        matches!((self.self_marker, header), (Some(m), Some(v)) if m.matches(v))
     }
 
     /// A new exchange's number (unique in this decoder).
@@ -235,11 +242,20 @@ pub struct Decoder {
     conns: HashMap<(u32, i32), Conn>,
     next_seq: u64,
     pub stats: DecodeStats,
+    /// Requests carrying this run's own-traffic token are marked
+    /// ([`Finished::self_request`]).
+    self_marker: Option<Marker>,
 }
 
 impl Decoder {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Marks requests carrying `m` in the own-traffic header as the agent's.
+    pub fn with_self_marker(mut self, m: Marker) -> Self {
+        self.self_marker = Some(m);
+        self
     }
 
     /// Bytes held in parsing buffers across all connections (bounded by
@@ -281,11 +297,13 @@ impl Decoder {
             conns,
             next_seq,
             stats,
+            self_marker,
         } = self;
         let mut out = Out {
             stats,
             next_seq,
             records,
+            self_marker: self_marker.as_ref(),
         };
         match ev {
             SocketEvent::Open(o) => {
@@ -338,6 +356,7 @@ impl Decoder {
             stats: &mut self.stats,
             next_seq: &mut self.next_seq,
             records,
+            self_marker: self.self_marker.as_ref(),
         };
         for k in keys {
             if let Some(Conn {

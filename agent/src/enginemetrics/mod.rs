@@ -10,13 +10,14 @@
 //!
 //! Must not: export anything (the pipeline maps [`EngineState`] to
 //! `tokentap.engine.*`), block the capture loop, or let a scrape become an
-//! LLM request record (see [`scrape::OwnClients`]).
+//! LLM request record (scrapes carry the own-traffic token,
+//! `crate::selftraffic`).
 
 pub mod prom;
 pub mod scrape;
 pub mod task;
 
-pub use scrape::{OwnClients, ScrapeError, ScrapeHandle, ScrapeStats, Scraper, Target};
+pub use scrape::{ScrapeError, ScrapeHandle, ScrapeStats, Scraper, Target};
 
 /// What one engine reported at one scrape. `None`: the engine does not
 /// expose that quantity (TGI has no KV-cache gauge; current llama.cpp

@@ -4,9 +4,9 @@
 //!
 //! Owns: [`Scraper`] (one synchronous scrape, its failure counters and the
 //! "no `/metrics` here" memory), [`ScrapeHandle`] (a background thread
-//! scraping a target list every interval), and [`OwnClients`] (the
-//! client-side addresses of the scraper's own connections, so the pipeline
-//! can drop the requests the eBPF capture sees for them).
+//! scraping a target list every interval). Every scrape carries this run's
+//! own-traffic token (`crate::selftraffic`), so the pipeline drops the
+//! requests the eBPF capture sees for them.
 //!
 //! Network namespaces: the engine may run in a pod, where `127.0.0.1:PORT`
 //! is the pod's loopback. The socket is created and connected by a
@@ -34,14 +34,15 @@ use std::{
 };
 
 use super::{engine_state, prom, EngineState};
-use crate::capture::procfs;
+use crate::{
+    capture::procfs,
+    selftraffic::{self, Marker},
+};
 
 /// Default total time for one scrape.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long an engine that answered 404 is left alone.
 pub const NO_ENDPOINT_BACKOFF: Duration = Duration::from_secs(300);
-/// How long a closed scrape connection's address stays in [`OwnClients`].
-pub const OWN_CLIENT_LINGER: Duration = Duration::from_secs(10);
 const MAX_HEAD_BYTES: usize = 64 << 10;
 /// How long a listen address read from /proc is reused.
 const LISTEN_CACHE: Duration = Duration::from_secs(30);
@@ -120,74 +121,14 @@ pub struct ScrapeStats {
     pub skipped_no_endpoint: u64,
 }
 
-/// The scraper's own client-side addresses (`IP:PORT` as the engine sees
-/// the peer; IPv4-mapped IPv6 addresses are stored as IPv4, as the capture
-/// reports them): open connections, and closed ones for
-/// [`OWN_CLIENT_LINGER`]. Cheap to clone; shared with the scraper thread.
-#[derive(Clone, Debug, Default)]
-pub struct OwnClients {
-    // None: still open; Some(t): closed, forgotten after t.
-    inner: Arc<Mutex<HashMap<SocketAddr, Option<Instant>>>>,
-}
-
-fn canonical(addr: SocketAddr) -> SocketAddr {
-    match addr.ip() {
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => SocketAddr::new(IpAddr::V4(v4), addr.port()),
-            None => addr,
-        },
-        IpAddr::V4(_) => addr,
-    }
-}
-
-impl OwnClients {
-    /// Whether `client` is (or was, recently) one of the scraper's own
-    /// connections.
-    pub fn contains(&self, client: &SocketAddr) -> bool {
-        let now = Instant::now();
-        let map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        map.get(&canonical(*client))
-            .is_some_and(|until| until.is_none_or(|t| t > now))
-    }
-
-    /// [`contains`](Self::contains) for a record's `client` string
-    /// (`IP:PORT`, `[IPv6]:PORT`); false when it does not parse.
-    pub fn contains_str(&self, client: &str) -> bool {
-        client
-            .parse::<SocketAddr>()
-            .is_ok_and(|a| self.contains(&a))
-    }
-
-    /// Every address now in the set.
-    pub fn snapshot(&self) -> HashSet<SocketAddr> {
-        let now = Instant::now();
-        let map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        map.iter()
-            .filter(|(_, until)| until.is_none_or(|t| t > now))
-            .map(|(a, _)| *a)
-            .collect()
-    }
-
-    fn opened(&self, addr: SocketAddr) {
-        let now = Instant::now();
-        let mut map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        map.retain(|_, until| until.is_none_or(|t| t > now));
-        map.insert(canonical(addr), None);
-    }
-
-    fn closed(&self, addr: SocketAddr, linger: Duration) {
-        let mut map = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        map.insert(canonical(addr), Some(Instant::now() + linger));
-    }
-}
-
 /// Scrapes engines one at a time, synchronously (each call returns within
 /// its timeout, plus the time to read /proc).
 pub struct Scraper {
     timeout: Duration,
     limits: prom::Limits,
     proc_root: &'static Path,
-    own: OwnClients,
+    /// Sent in the own-traffic header of every scrape.
+    marker: Marker,
     stats: ScrapeStats,
     /// (pid, port) → until when a 404 is believed.
     no_endpoint: HashMap<(u32, u16), Instant>,
@@ -198,31 +139,20 @@ pub struct Scraper {
     setns_reported: bool,
 }
 
-impl Default for Scraper {
-    fn default() -> Self {
-        Scraper::new(DEFAULT_TIMEOUT)
-    }
-}
-
 impl Scraper {
-    /// A scraper whose scrapes each take at most `timeout`.
-    pub fn new(timeout: Duration) -> Scraper {
+    /// A scraper whose scrapes each take at most `timeout` and carry
+    /// `marker` (so the agent's decoder knows them for its own).
+    pub fn new(timeout: Duration, marker: Marker) -> Scraper {
         Scraper {
             timeout,
             limits: prom::Limits::default(),
             proc_root: Path::new("/proc"),
-            own: OwnClients::default(),
+            marker,
             stats: ScrapeStats::default(),
             no_endpoint: HashMap::new(),
             listen_cache: HashMap::new(),
             setns_reported: false,
         }
-    }
-
-    /// The scraper's own client addresses (shared: later connections
-    /// appear in clones taken now).
-    pub fn own_clients(&self) -> OwnClients {
-        self.own.clone()
     }
 
     pub fn stats(&self) -> &ScrapeStats {
@@ -320,12 +250,13 @@ impl Scraper {
                 }
             }
         };
-        let local = stream.local_addr().map_err(ScrapeError::Io)?;
-        self.own.opened(local);
-        let res = http_get(&mut stream, dest, deadline, self.limits.max_body_bytes);
-        drop(stream);
-        self.own.closed(local, OWN_CLIENT_LINGER);
-        res
+        http_get(
+            &mut stream,
+            dest,
+            deadline,
+            self.limits.max_body_bytes,
+            &self.marker,
+        )
     }
 }
 
@@ -439,11 +370,14 @@ fn http_get(
     dest: SocketAddr,
     deadline: Instant,
     max_body_bytes: usize,
+    marker: &Marker,
 ) -> Result<Vec<u8>, ScrapeError> {
     let req = format!(
-        "GET /metrics HTTP/1.1\r\nHost: {dest}\r\nUser-Agent: tokentap\r\n\
+        "GET /metrics HTTP/1.1\r\nHost: {dest}\r\nUser-Agent: tokentap\r\n{}: {}\r\n\
          Accept: text/plain;version=0.0.4;q=1,*/*;q=0.1\r\nAccept-Encoding: identity\r\n\
-         Connection: close\r\n\r\n"
+         Connection: close\r\n\r\n",
+        selftraffic::HEADER,
+        marker.as_str()
     );
     stream
         .set_write_timeout(Some(remaining(deadline)?))
@@ -665,13 +599,13 @@ impl Shared {
 /// the handle stops the thread (waiting for at most one scrape).
 pub struct ScrapeHandle {
     shared: Arc<Shared>,
-    own: OwnClients,
     thread: Option<JoinHandle<()>>,
 }
 
-/// Starts a background scraper with the default 1 s timeout.
-pub fn spawn(interval: Duration) -> io::Result<ScrapeHandle> {
-    spawn_with(Scraper::default(), interval)
+/// Starts a background scraper with the default 1 s timeout, its scrapes
+/// carrying `marker`.
+pub fn spawn(interval: Duration, marker: Marker) -> io::Result<ScrapeHandle> {
+    spawn_with(Scraper::new(DEFAULT_TIMEOUT, marker), interval)
 }
 
 /// Starts `scraper` on a background thread, scraping every `interval`.
@@ -680,7 +614,6 @@ pub fn spawn_with(mut scraper: Scraper, interval: Duration) -> io::Result<Scrape
         state: Mutex::new(RunnerState::default()),
         wake: Condvar::new(),
     });
-    let own = scraper.own_clients();
     let sh = shared.clone();
     let thread = std::thread::Builder::new()
         .name("tt-enginemetrics".into())
@@ -733,7 +666,6 @@ pub fn spawn_with(mut scraper: Scraper, interval: Duration) -> io::Result<Scrape
         })?;
     Ok(ScrapeHandle {
         shared,
-        own,
         thread: Some(thread),
     })
 }
@@ -767,11 +699,6 @@ impl ScrapeHandle {
     /// Counters as of the last finished cycle.
     pub fn stats(&self) -> ScrapeStats {
         self.shared.lock().stats.clone()
-    }
-
-    /// The scraper's own client addresses (live view).
-    pub fn own_clients(&self) -> OwnClients {
-        self.own.clone()
     }
 }
 
@@ -863,20 +790,6 @@ mod tests {
         assert!(dechunk_all(&[b"2\r\nabc\r\n"]).is_err());
         assert!(dechunk_all(&[&[b'1'; 5000][..]]).is_err());
         assert!(dechunk_all(&[b"ffffffffffffffffffff\r\n"]).is_err());
-    }
-
-    #[test]
-    fn own_clients_forget_closed_connections_after_the_linger() {
-        let own = OwnClients::default();
-        let a: SocketAddr = "[::ffff:127.0.0.1]:40000".parse().unwrap();
-        own.opened(a);
-        assert!(own.contains_str("127.0.0.1:40000"), "mapped stored as v4");
-        own.closed(a, Duration::from_millis(30));
-        assert!(own.contains(&"127.0.0.1:40000".parse().unwrap()));
-        std::thread::sleep(Duration::from_millis(40));
-        assert!(!own.contains_str("127.0.0.1:40000"));
-        assert!(own.snapshot().is_empty());
-        assert!(!own.contains_str("not an address"));
     }
 
     #[test]

@@ -12,10 +12,7 @@ use std::{
 
 use anyhow::Result;
 
-use super::{
-    scrape::{OwnClients, ScrapeHandle},
-    EngineState, Target,
-};
+use super::{scrape::ScrapeHandle, EngineState, Target};
 use crate::pipeline::{health::Health, Task, TaskCx};
 
 /// Engine pid → (engine name, port, state) of the last good scrape.
@@ -45,12 +42,6 @@ impl EngineMetricsTask {
             health,
             failures_seen: 0,
         }
-    }
-
-    /// The scraper's own connections (records with these clients are the
-    /// agent's own scrapes).
-    pub fn own_clients(&self) -> OwnClients {
-        self.handle.own_clients()
     }
 }
 

@@ -300,6 +300,7 @@ mod tests {
             },
             seq,
             content_events: events,
+            self_request: false,
             chunk_gaps_s: vec![],
         }
     }

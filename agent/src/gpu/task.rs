@@ -6,24 +6,35 @@
 //! Owns: the /proc reads of the join. Must not: call NVML (the sampler's
 //! thread does) or block for long.
 
-use std::{path::PathBuf, sync::mpsc::Receiver};
+use std::path::PathBuf;
 
 use anyhow::Result;
 
-use super::{join::ProcSnapshot, types::GpuSample};
+use super::{
+    instruments::SharedGpu,
+    join::ProcSnapshot,
+    sampler::{Availability, SamplerHandle},
+    types::GpuSample,
+};
 use crate::{
     capture::procfs,
     pipeline::{Task, TaskCx},
 };
 
 pub struct GpuTask {
-    samples: Receiver<GpuSample>,
+    sampler: SamplerHandle,
+    /// The latest sample for the device instruments (`hw.*`).
+    devices: SharedGpu,
     proc_root: PathBuf,
 }
 
 impl GpuTask {
-    pub fn new(samples: Receiver<GpuSample>, proc_root: PathBuf) -> Self {
-        Self { samples, proc_root }
+    pub fn new(sampler: SamplerHandle, devices: SharedGpu, proc_root: PathBuf) -> Self {
+        Self {
+            sampler,
+            devices,
+            proc_root,
+        }
     }
 }
 
@@ -52,10 +63,28 @@ pub fn snapshot(proc_root: &std::path::Path, sample: &GpuSample, engines: &[u32]
 
 impl Task for GpuTask {
     fn tick(&mut self, cx: &mut TaskCx<'_>) -> Result<()> {
-        while let Ok(sample) = self.samples.try_recv() {
-            let engines: Vec<u32> = cx.node.processes.keys().copied().collect();
+        let mut got = false;
+        while let Ok(sample) = self.sampler.samples().try_recv() {
+            got = true;
+            self.devices
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .update(sample.clone());
+            let engines = cx.node.serving_pids();
             let snap = snapshot(&self.proc_root, &sample, &engines);
             cx.node.gpu_samples.push((sample, snap));
+        }
+        if !got
+            && matches!(
+                self.sampler.status().availability,
+                Availability::Unavailable { .. }
+            )
+        {
+            // No stale GPU gauges while NVML is gone.
+            self.devices
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clear();
         }
         Ok(())
     }

@@ -35,7 +35,7 @@ use crate::{
     decode::Decoder,
     event::SocketEvent,
     gpu::{join::ProcSnapshot, stage::GpuStage, types::GpuSample},
-    record::{Finished, RequestRecord},
+    record::Finished,
 };
 
 pub use self::plan::{resolve, RunPlan};
@@ -68,6 +68,22 @@ pub struct NodeState {
     pub gpu_samples: Vec<(GpuSample, ProcSnapshot)>,
 }
 
+impl NodeState {
+    /// Targets that serve HTTP (listen on TCP): the engines requests are
+    /// attributed to. Their children (GPU workers) are targets too, but
+    /// belong to them.
+    pub fn serving_pids(&self) -> Vec<u32> {
+        let mut v: Vec<u32> = self
+            .processes
+            .iter()
+            .filter(|(_, p)| !p.listen_ports.is_empty())
+            .map(|(pid, _)| *pid)
+            .collect();
+        v.sort_unstable();
+        v
+    }
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ProcessInfo {
     /// The engine its command line names (gen_ai.provider.name).
@@ -96,9 +112,6 @@ pub struct TaskCx<'a> {
     pub proc_events: &'a [ProcEvent],
 }
 
-/// A rule saying a finished record is the agent's own traffic.
-type DropIf = Box<dyn FnMut(&RequestRecord) -> bool>;
-
 /// Decoder, enrichers and sinks, fed one batch of events at a time.
 pub struct Pipeline {
     decoder: Decoder,
@@ -109,9 +122,6 @@ pub struct Pipeline {
     /// Joins GPU state into records of engines on GPUs (None: no GPU
     /// sampling).
     gpu: Option<GpuStage>,
-    /// Records to drop: traffic the agent itself caused (its scrapes of
-    /// engines' /metrics).
-    drop_if: Vec<DropIf>,
     finished: Vec<Finished>,
     ready: Vec<Finished>,
 }
@@ -125,16 +135,16 @@ impl Pipeline {
             node: NodeState::default(),
             health,
             gpu: None,
-            drop_if: Vec::new(),
             finished: Vec::new(),
             ready: Vec::new(),
         }
     }
 
-    /// Drops records `f` says the agent caused itself (counted in health
-    /// as `self_requests`).
-    pub fn drop_if(mut self, f: impl FnMut(&RequestRecord) -> bool + 'static) -> Self {
-        self.drop_if.push(Box::new(f));
+    /// Requests carrying `m` in the own-traffic header are the agent's own
+    /// (its scrapes of engines' /metrics): counted in health as
+    /// `self_requests`, never recorded.
+    pub fn self_marker(mut self, m: crate::selftraffic::Marker) -> Self {
+        self.decoder = std::mem::take(&mut self.decoder).with_self_marker(m);
         self
     }
 
@@ -169,7 +179,7 @@ impl Pipeline {
 
     fn flush_finished(&mut self) -> Result<()> {
         for mut f in self.finished.drain(..) {
-            if self.drop_if.iter_mut().any(|d| d(&f.record)) {
+            if f.self_request {
                 self.health
                     .self_requests
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -207,7 +217,7 @@ impl Pipeline {
             g.expire(now_wall_ns(), &mut self.ready);
             return self.send_ready();
         }
-        let engines: Vec<u32> = self.node.processes.keys().copied().collect();
+        let engines = self.node.serving_pids();
         let mut in_flight = Vec::new();
         self.decoder.in_flight_requests(&mut in_flight);
         for (sample, snap) in samples {

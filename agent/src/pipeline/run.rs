@@ -20,6 +20,12 @@ use crate::{
     console::ConsoleSink,
     enginemetrics::task::{EngineMetricsTask, SharedEngineStates},
     event::SocketEvent,
+    gpu::{
+        instruments::SharedGpu,
+        sampler::{self, SamplerConfig},
+        stage::{GpuStage, SharedView},
+        task::GpuTask,
+    },
     metrics::{Extras, Metrics},
     record::RequestLog,
     source::EventSource,
@@ -64,7 +70,11 @@ pub async fn run(plan: RunPlan) -> Result<()> {
     let mut extras = Extras::default();
     let mut side_tasks: Vec<Box<dyn Task>> = Vec::new();
     if let Some(every) = plan.engine_metrics {
-        let handle = crate::enginemetrics::scrape::spawn(every)
+        // The scrapes reach the engines' sockets, which are captured: they
+        // carry a token the decoder recognises, and are not LLM traffic.
+        let marker = crate::selftraffic::Marker::new();
+        pipe = pipe.self_marker(marker.clone());
+        let handle = crate::enginemetrics::scrape::spawn(every, marker)
             .context("starting the engine-metrics scraper thread")?;
         let states = SharedEngineStates::default();
         let ports = match &plan.targeting {
@@ -72,12 +82,23 @@ pub async fn run(plan: RunPlan) -> Result<()> {
             Targeting::Discover => vec![],
         };
         let task = EngineMetricsTask::new(handle, ports, states.clone(), health.clone());
-        // The scrapes reach the engines' sockets, which are captured: they
-        // are the agent's own requests, not LLM traffic.
-        let own = task.own_clients();
-        pipe = pipe.drop_if(move |r| r.client.as_deref().is_some_and(|c| own.contains_str(c)));
         extras.engines = Some(states);
         side_tasks.push(Box::new(task));
+    }
+    if let Some(g) = &plan.gpu {
+        // NVML on its own thread; without it (no GPU, no driver) it says
+        // why once and retries, and requests are measured as usual.
+        let sampler = sampler::spawn(SamplerConfig::new(g.library.clone(), g.interval));
+        let devices = SharedGpu::default();
+        let view = SharedView::default();
+        pipe = pipe.gpu(GpuStage::new(view.clone()));
+        extras.gpu = Some(view);
+        extras.gpu_devices = Some(devices.clone());
+        side_tasks.push(Box::new(GpuTask::new(
+            sampler,
+            devices,
+            plan.capture.proc_root.clone(),
+        )));
     }
     if let Some(m) = &plan.metrics {
         pipe = pipe.sink(Box::new(Metrics::new(m, health.clone(), extras)?));

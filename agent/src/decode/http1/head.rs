@@ -34,6 +34,9 @@ pub trait Head: Sized {
 pub struct RequestHead {
     pub method: String,
     pub path: String,
+    /// The value of the agent's own-traffic header, if present
+    /// (`crate::selftraffic`).
+    pub self_marker: Option<Vec<u8>>,
     /// `None`: no body (neither Content-Length nor chunked).
     pub framing: Option<Framing>,
 }
@@ -59,6 +62,11 @@ impl Head for RequestHead {
         let head = RequestHead {
             method: req.method.unwrap_or("").to_string(),
             path: req.path.unwrap_or("").to_string(),
+            self_marker: req
+                .headers
+                .iter()
+                .find(|h| h.name.eq_ignore_ascii_case(crate::selftraffic::HEADER))
+                .map(|h| h.value.to_vec()),
             framing: framing_of(req.headers)?,
         };
         Ok(Some((head, n)))

@@ -233,7 +233,7 @@ impl Http1Conn {
                         return Err(NotHttp);
                     }
                     let seq = out.next_seq();
-                    let x = Exchange::new(
+                    let mut x = Exchange::new(
                         seq,
                         conn.pid,
                         conn.server_port,
@@ -242,6 +242,7 @@ impl Http1Conn {
                         &head.path,
                         t0,
                     );
+                    x.self_request = out.is_self(head.self_marker.as_deref());
                     if head.method == "HEAD" {
                         self.heads.push(seq);
                     }
