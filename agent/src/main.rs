@@ -66,6 +66,25 @@ enum Cmd {
     ///
     /// Malformed lines are reported with their line number and skipped.
     Replay(ReplayArgs),
+    /// Sample the GPUs through NVML for a while and print what tokentap
+    /// sees: per device utilisation, memory, power, energy per pass, the
+    /// processes on it; with --pid, which GPUs that process tree uses.
+    /// Needs no eBPF. Used by `cargo xtask gpu-check`.
+    GpuCheck {
+        /// Seconds to sample.
+        #[arg(long, value_name = "SECS", default_value_t = 20.0)]
+        secs: f64,
+        /// Seconds between samples.
+        #[arg(long, value_name = "SECS", default_value_t = 1.0)]
+        interval: f64,
+        /// Show which GPUs this process (and its children, its container)
+        /// uses.
+        #[arg(long, value_name = "PID")]
+        pid: Option<u32>,
+        /// The NVML library to load (default: the system's libnvidia-ml.so.1).
+        #[arg(long, value_name = "PATH", env = "TOKENTAP_NVML_LIBRARY")]
+        nvml_library: Option<PathBuf>,
+    },
     /// Benchmark helper: attach only the reference "floor" programs (one
     /// map lookup on write enter/exit) for SECS seconds.
     #[command(hide = true)]
@@ -146,6 +165,17 @@ fn main() -> ExitCode {
                 .await
             }
             Cmd::Floor { duration } => floor(duration).await,
+            Cmd::GpuCheck {
+                secs,
+                interval,
+                pid,
+                nvml_library,
+            } => tokentap::gpu::check::run(
+                nvml_library,
+                Duration::from_secs_f64(interval.max(0.05)),
+                secs,
+                pid,
+            ),
         }
     });
     match res {

@@ -19,14 +19,17 @@ use crate::util::root;
 
 pub fn run(which: &str, secs: f64, rounds: usize) -> Result<()> {
     let parts: &[&str] = match which {
-        "all" => &["decode", "capture", "conns", "engine"],
+        "all" => &["decode", "gpu", "capture", "conns", "engine"],
+        "gpu" => &["gpu"],
         "capture" => &["capture"],
         "decode" => &["decode"],
         "conns" => &["conns"],
         "engine" => &["engine"],
-        other => bail!("unknown bench {other:?}; available: all, capture, decode, conns, engine"),
+        other => {
+            bail!("unknown bench {other:?}; available: all, capture, decode, gpu, conns, engine")
+        }
     };
-    let root_needed = parts.iter().any(|p| *p != "decode");
+    let root_needed = parts.iter().any(|p| !matches!(*p, "decode" | "gpu"));
     // SAFETY: geteuid has no preconditions.
     if root_needed && unsafe { libc::geteuid() } != 0 {
         bail!("this bench loads eBPF: run it as root (`bench decode` does not need root)");
@@ -40,6 +43,7 @@ pub fn run(which: &str, secs: f64, rounds: usize) -> Result<()> {
         rows.extend(match *p {
             "decode" => decode(secs, rounds)?,
             "capture" => capture(secs, rounds)?,
+            "gpu" => gpu()?,
             "conns" => conns(10_000)?,
             _ => engine(rounds)?,
         });
@@ -80,6 +84,54 @@ enter and exit (`agent-ebpf/src/floor.rs`); \"N× the floor\" = (agent − none)
 Engine rows: llama.cpp `llama-server` (1 thread, 4 slots, tiny random-weight model) under 4 concurrent `openai` SDK \
 streams of 64 tokens; TTFT/TPOT differences: 60 sequential mixed requests per engine, tokentap − client per request.
 ";
+
+/// The GPU sampler's CPU per pass, 8 GPUs × 64 processes, through
+/// nvml-wrapper against the scripted fake NVML (`tests/tests/gpu.rs`,
+/// release build).
+fn gpu() -> Result<Vec<Row>> {
+    let res = crate::util::cargo()
+        .args([
+            "test",
+            "--release",
+            "-p",
+            "tokentap-tests",
+            "--test",
+            "gpu",
+            "sampler_cpu_per_pass_with_8_gpus_and_64_processes",
+            "--",
+            "--nocapture",
+        ])
+        .output()?;
+    // The test prints its line on stderr (the parent re-prints the child's).
+    let out = format!(
+        "{}{}",
+        String::from_utf8_lossy(&res.stdout),
+        String::from_utf8_lossy(&res.stderr)
+    );
+    if !res.status.success() {
+        bail!("the GPU sampler bench failed:\n{out}");
+    }
+    let line = out
+        .lines()
+        .find_map(|l| l.find("gpu-sampler-bench:").map(|i| l[i..].to_string()))
+        .ok_or_else(|| anyhow::anyhow!("the GPU sampler bench printed no result:\n{out}"))?;
+    let median = line
+        .split("median ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .unwrap_or("?")
+        .to_string();
+    Ok(vec![row(
+        "GPU sampler CPU per pass, 8 GPUs × 64 processes (fake NVML, nvml-wrapper FFI)",
+        "–",
+        format!("{median} µs"),
+        format!(
+            "{median} µs per pass = {:.3} % of a core at 1 pass/s",
+            median.parse::<f64>().unwrap_or(f64::NAN) / 1e4
+        ),
+        "–",
+    )])
+}
 
 /// One row of the table.
 struct Row {

@@ -62,6 +62,15 @@ enum Cmd {
         #[arg(long, default_value_t = 60)]
         secs: u64,
     },
+    /// On a machine with an NVIDIA GPU: build the agent, start a small
+    /// CUDA load (a PyTorch matmul loop, when `python3 -c "import torch"`
+    /// works there) and print what `tokentap gpu-check` samples for SECS
+    /// seconds: utilisation, memory, power, energy per pass, per-process
+    /// memory, and the load's engine map.
+    GpuCheck {
+        #[arg(long, default_value_t = 20)]
+        secs: u64,
+    },
     /// Fuzz the request decoder (cargo fuzz, nightly) for SECS seconds.
     Fuzz {
         #[arg(long, default_value_t = 300)]
@@ -96,6 +105,7 @@ fn main() -> ExitCode {
         Cmd::Test { args } => testrun::test(args),
         Cmd::Peers => peers(),
         Cmd::Fuzz { secs } => fuzz::run(secs),
+        Cmd::GpuCheck { secs } => gpu_check(secs),
         Cmd::Demo { secs } => demo::run(secs),
         Cmd::Bench {
             which,
@@ -131,6 +141,47 @@ fn run(args: Vec<String>) -> Result<()> {
     let mut cmd = std::process::Command::new(bin);
     cmd.args(args);
     util::run(&mut cmd)
+}
+
+/// `cargo xtask gpu-check`: the agent's GPU sampling on a real GPU.
+fn gpu_check(secs: u64) -> Result<()> {
+    let mut cmd = util::cargo();
+    cmd.args(["build", "--release", "-p", "tokentap", "--bin", "tokentap"]);
+    util::run(&mut cmd)?;
+    let torch = std::process::Command::new("python3")
+        .args(["-c", "import torch; assert torch.cuda.is_available()"])
+        .status()
+        .is_ok_and(|s| s.success());
+    let mut load = if torch {
+        let code = format!(
+            "import torch, time\nx = torch.randn(8192, 8192, device='cuda')\nend = time.time() + {}\n\
+             while time.time() < end:\n    y = x @ x\n    torch.cuda.synchronize()\n",
+            secs + 5
+        );
+        eprintln!("xtask: CUDA load: PyTorch 8192x8192 matmul loop");
+        Some(
+            std::process::Command::new("python3")
+                .args(["-c", &code])
+                .spawn()?,
+        )
+    } else {
+        eprintln!(
+            "xtask: no PyTorch with CUDA here: sampling an idle GPU (no load, no engine map)"
+        );
+        None
+    };
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    let mut check = std::process::Command::new(util::root().join("target/release/tokentap"));
+    check.args(["gpu-check", "--secs", &secs.to_string(), "--interval", "1"]);
+    if let Some(l) = &load {
+        check.args(["--pid", &l.id().to_string()]);
+    }
+    let res = util::run(&mut check);
+    if let Some(l) = load.as_mut() {
+        let _ = l.kill();
+        let _ = l.wait();
+    }
+    res
 }
 
 /// Installs the real peers (tests/peers/install.sh).

@@ -5,6 +5,7 @@
 //! engine-level instruments (`engine_instruments`). `types` is the contract
 //! between them.
 
+pub mod check;
 pub mod engine_instruments;
 pub mod instruments;
 pub mod join;
