@@ -156,19 +156,19 @@ fn requests_get_their_engines_gpu_utilisation_memory_and_a_token_share_of_its_en
     std::fs::write(&scen, scenario(worker, other.0.id()).to_string()).unwrap();
     let lib = install_fake_nvml(&dir);
 
-    let (mut agent, agent_out) = start(
-        Command::new(tokentap_bin())
-            .args(["run", "--no-console", "--pid", &engine.0.id().to_string()])
-            .args(["--export-interval", "1", "--gpu-interval", "0.2"])
-            .arg("--otlp-endpoint")
-            .arg(format!("http://127.0.0.1:{otlp_port}"))
-            .arg("--nvml-library")
-            .arg(&lib)
-            .arg("--requests-log")
-            .arg(&log)
-            .env("FAKE_NVML_SCENARIO", &scen),
-        "; ready",
-        "tokentap run",
+    let endpoint = format!("http://127.0.0.1:{otlp_port}");
+    let (mut agent, agent_out) = start_agent(
+        engine.0.id(),
+        &log,
+        &[
+            "--export-interval".as_ref(),
+            "1".as_ref(),
+            "--otlp-endpoint".as_ref(),
+            endpoint.as_ref(),
+            "--nvml-library".as_ref(),
+            lib.as_os_str(),
+        ],
+        Some(&scen),
     );
     // Let the sampler find the worker on the GPU.
     std::thread::sleep(Duration::from_millis(800));
@@ -336,4 +336,142 @@ fn requests_get_their_engines_gpu_utilisation_memory_and_a_token_share_of_its_en
         .collect();
     assert!(!ttft_attrs.is_empty() && !ttft_attrs.iter().any(|k| k.starts_with("hw.")));
     drop(engine);
+}
+
+/// Starts simengine with a GPU worker child; returns it, the worker's pid
+/// and the port.
+fn start_engine() -> (tokentap_tests::Running, u32, u16) {
+    let (engine, out) = start(
+        Command::new(env!("CARGO_BIN_EXE_simengine")).arg("--gpu-worker"),
+        "listening",
+        "simengine",
+    );
+    let (mut worker, mut port) = (0u32, 0u16);
+    while worker == 0 || port == 0 {
+        let l = out
+            .recv_timeout(Duration::from_secs(10))
+            .expect("simengine says its worker and port");
+        if let Some(p) = l.strip_prefix("worker ") {
+            worker = p.parse().unwrap();
+        }
+        if let Some(p) = l.strip_prefix("listening ") {
+            port = p.parse().unwrap();
+        }
+    }
+    (engine, worker, port)
+}
+
+/// `tokentap run` on `engine_pid` with GPU sampling every 0.2 s.
+fn start_agent(
+    engine_pid: u32,
+    log: &std::path::Path,
+    extra: &[&std::ffi::OsStr],
+    scenario: Option<&std::path::Path>,
+) -> (tokentap_tests::Running, std::sync::mpsc::Receiver<String>) {
+    let mut cmd = Command::new(tokentap_bin());
+    cmd.args(["run", "--no-console", "--pid", &engine_pid.to_string()])
+        .args(["--gpu-interval", "0.2", "--requests-log"])
+        .arg(log)
+        .args(extra);
+    if let Some(s) = scenario {
+        cmd.env("FAKE_NVML_SCENARIO", s);
+    }
+    start(&mut cmd, "; ready", "tokentap run")
+}
+
+#[test]
+#[ignore = "needs root: loads eBPF (cargo xtask test runs it as root)"]
+fn without_nvml_requests_are_measured_as_usual_and_the_cause_is_said_once() {
+    assert_root("no NVML");
+    let dir = scratch_dir("gpu-none");
+    let log = dir.join("requests.jsonl");
+    let missing = dir.join("no-such-dir/libnvidia-ml.so.1");
+    let (engine, _worker, port) = start_engine();
+    let (mut agent, out) = start_agent(
+        engine.0.id(),
+        &log,
+        &["--nvml-library".as_ref(), missing.as_os_str()],
+        None,
+    );
+    for i in 0..3 {
+        stream(port, i, 5, 10).join().unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    let (ok, lines) = interrupt(&mut agent, out);
+    assert!(ok, "{lines:?}");
+    let said: Vec<&String> = lines
+        .iter()
+        .filter(|l| l.contains("GPU metrics off"))
+        .collect();
+    assert_eq!(said.len(), 1, "the cause, once: {lines:?}");
+    assert!(said[0].contains("cannot be loaded"), "{}", said[0]);
+    let recs = read_jsonl(&log);
+    assert_eq!(recs.len(), 3, "{lines:?}");
+    for r in &recs {
+        assert!(r["ttft_s"].as_f64().is_some(), "{r}");
+        assert_eq!(r["gpu_uuids"], Value::Null, "{r}");
+        assert_eq!(r["energy_j"], Value::Null, "{r}");
+    }
+}
+
+#[test]
+#[ignore = "needs root: loads eBPF (cargo xtask test runs it as root)"]
+fn a_gpu_lost_mid_run_leaves_the_agent_measuring() {
+    assert_root("GPU lost");
+    let dir = scratch_dir("gpu-lost");
+    let log = dir.join("requests.jsonl");
+    let lib = install_fake_nvml(&dir);
+    let scen = dir.join("scenario.json");
+    // Written once the worker's pid is known; the agent reads it at init.
+    let (engine, worker, port) = start_engine();
+    // Healthy for 1.5 s, then lost for good.
+    let steps: Vec<Value> = (0..100u64)
+        .map(|k| {
+            json!({"t_ms": k * 100, "devices": [{
+                "util_gpu": 50, "memory_total": 150_000_000_000u64, "memory_used": 1u64 << 30,
+                "power_mw": 200_000, "energy_mj": 1_000 + 20_000 * k,
+                "compute_processes": [{"pid": worker, "used_bytes": 1u64 << 30}],
+                "lost": k >= 15}]})
+        })
+        .collect();
+    std::fs::write(
+        &scen,
+        json!({"devices": [{"uuid": GPU, "name": "NVIDIA H200"}], "steps": steps}).to_string(),
+    )
+    .unwrap();
+    let (mut agent, agent_out) = start_agent(
+        engine.0.id(),
+        &log,
+        &["--nvml-library".as_ref(), lib.as_os_str()],
+        Some(&scen),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    stream(port, 1, 5, 20).join().unwrap(); // while the GPU answers
+    std::thread::sleep(Duration::from_millis(1800)); // lost from 1.5 s
+    stream(port, 2, 5, 20).join().unwrap();
+    std::thread::sleep(Duration::from_millis(1200));
+    let (ok, lines) = interrupt(&mut agent, agent_out);
+    assert!(ok, "the agent kept running and stopped cleanly: {lines:?}");
+    assert!(
+        lines
+            .iter()
+            .filter(|l| l.contains(&format!("GPU {GPU} (NVIDIA H200) is lost")))
+            .count()
+            == 1,
+        "the loss is said once: {lines:?}"
+    );
+    let recs = read_jsonl(&log);
+    assert_eq!(recs.len(), 2, "{lines:?}");
+    let before = &recs[0];
+    assert_eq!(before["gpu_uuids"], json!([GPU]), "{before}");
+    let after = &recs[1];
+    assert!(
+        after["ttft_s"].as_f64().is_some(),
+        "measured as usual: {after}"
+    );
+    assert_eq!(
+        after["gpu_uuids"],
+        Value::Null,
+        "no GPU to join: {after}\n{lines:?}"
+    );
 }

@@ -228,6 +228,35 @@ impl GpuStage {
         self.held = keep;
     }
 
+    /// NVML stopped answering: release what is held (with what is known
+    /// up to the last sample) and forget the engine ↔ GPU map, so later
+    /// records pass through without stale GPU fields. The history stays:
+    /// samples that come back continue it.
+    pub fn unavailable(&mut self, out: &mut Vec<Finished>) {
+        if self.engines.is_empty() && self.held.is_empty() {
+            return;
+        }
+        // Records that ended by the last sample are joined with the map as
+        // it was; later ones ended after NVML went away: no GPU to join.
+        let last = self.history.latest().map_or(0, |s| s.ts_ns);
+        let (known, after): (Vec<_>, Vec<_>) = std::mem::take(&mut self.held)
+            .into_iter()
+            .partition(|f| end_ns(f) <= last);
+        for f in known {
+            out.push(self.complete(f));
+        }
+        self.engines.clear();
+        for f in after {
+            out.push(self.complete(f));
+        }
+        self.counted.clear();
+        self.energy.clear();
+        let mut v = self.view.lock().unwrap_or_else(|p| p.into_inner());
+        v.engines.clear();
+        v.latest = None;
+        v.energy_last_interval.clear();
+    }
+
     /// Everything held, at shutdown.
     pub fn flush(&mut self, out: &mut Vec<Finished>) {
         for f in std::mem::take(&mut self.held) {
@@ -407,6 +436,27 @@ mod tests {
         assert_eq!(out.len(), 1);
         // Both intervals' energy (10 J + 20 J) went to it: it was alone.
         assert!((out[0].record.energy_j.unwrap() - 30.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn when_nvml_goes_away_held_records_are_released_and_later_ones_pass_through() {
+        let mut st = GpuStage::new(SharedView::default());
+        let snap = ProcSnapshot::default();
+        let mut out = vec![];
+        st.on_sample(sample(0, 0, 0.5, &[7]), &snap, &[7], &[], &mut out);
+        st.on_sample(sample(1, 0, 0.5, &[7]), &snap, &[7], &[], &mut out);
+        // Ended after the last sample (t=1): held; NVML then goes away.
+        st.on_finished(finished(1, 7, 0.5, 0.9, 3), &mut out);
+        assert!(out.is_empty());
+        st.unavailable(&mut out);
+        assert_eq!(out.len(), 1);
+        assert_eq!(
+            out[0].record.gpu_uuids, None,
+            "it ended after the last sample: no GPU to join"
+        );
+        st.on_finished(finished(2, 7, 2.0, 0.5, 3), &mut out);
+        assert_eq!(out.len(), 2, "not held: no GPU map any more");
+        assert_eq!(out[1].record.gpu_uuids, None);
     }
 
     #[test]

@@ -80,11 +80,13 @@ impl Task for GpuTask {
                 Availability::Unavailable { .. }
             )
         {
-            // No stale GPU gauges while NVML is gone.
+            // No stale GPU gauges while NVML is gone, and no stale engine
+            // map for the join.
             self.devices
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .clear();
+            cx.node.gpu_unavailable = true;
         }
         Ok(())
     }

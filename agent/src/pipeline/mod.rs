@@ -66,6 +66,9 @@ pub struct NodeState {
     /// GPU samples (with the /proc facts the join needs) not yet taken by
     /// the pipeline's GPU stage.
     pub gpu_samples: Vec<(GpuSample, ProcSnapshot)>,
+    /// NVML stopped answering (every GPU lost, driver gone): the GPU stage
+    /// forgets its engine map until samples come back.
+    pub gpu_unavailable: bool,
 }
 
 impl NodeState {
@@ -210,9 +213,14 @@ impl Pipeline {
     /// in it).
     pub fn gpu_samples(&mut self) -> Result<()> {
         let samples = std::mem::take(&mut self.node.gpu_samples);
+        let unavailable = std::mem::take(&mut self.node.gpu_unavailable);
         let Some(g) = &mut self.gpu else {
             return Ok(());
         };
+        if unavailable && samples.is_empty() {
+            g.unavailable(&mut self.ready);
+            return self.send_ready();
+        }
         if samples.is_empty() {
             g.expire(now_wall_ns(), &mut self.ready);
             return self.send_ready();
