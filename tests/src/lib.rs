@@ -94,6 +94,94 @@ pub fn play_exchange_client(s: &mut std::net::TcpStream) {
     }
 }
 
+/// A network namespace joined to the host by a veth pair (host
+/// `10.<net>.X.1/30`, namespace `10.<net>.X.2/30`, X from the test
+/// process's pid), loopback up inside; deleted on drop, even on panic (the
+/// guard exists before the first command, so a half-built set-up goes too).
+/// Needs root and iproute2.
+pub struct Netns {
+    pub name: String,
+    pub host_if: String,
+    pub host_addr: String,
+    pub ns_addr: String,
+}
+
+/// Runs `ip ARGS` and panics with its stderr when it fails.
+pub fn ip(args: &[&str]) {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .expect("run ip (iproute2)");
+    assert!(
+        out.status.success(),
+        "ip {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+impl Netns {
+    /// `tag` keeps names and subnets of different test binaries apart
+    /// (they may run at once): names `<tag>-<pid>`, subnet `10.<net>.X.0/30`.
+    pub fn create(tag: &str, net: u8) -> Netns {
+        let pid = std::process::id();
+        let x = pid % 256;
+        let ns = Netns {
+            name: format!("{tag}-{pid}"),
+            host_if: format!("{tag}h{pid}"),
+            host_addr: format!("10.{net}.{x}.1"),
+            ns_addr: format!("10.{net}.{x}.2"),
+        };
+        let ns_if = format!("{tag}n{pid}");
+        ip(&["netns", "add", &ns.name]);
+        ip(&[
+            "link",
+            "add",
+            &ns.host_if,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &ns_if,
+            "netns",
+            &ns.name,
+        ]);
+        ip(&[
+            "addr",
+            "add",
+            &format!("{}/30", ns.host_addr),
+            "dev",
+            &ns.host_if,
+        ]);
+        ip(&["link", "set", &ns.host_if, "up"]);
+        let inside = |args: &[&str]| ip(&[&["netns", "exec", &ns.name, "ip"][..], args].concat());
+        inside(&["addr", "add", &format!("{}/30", ns.ns_addr), "dev", &ns_if]);
+        inside(&["link", "set", &ns_if, "up"]);
+        inside(&["link", "set", "lo", "up"]);
+        ns
+    }
+
+    /// `program` run inside the namespace. `ip netns exec` execs it in
+    /// place, so the child's pid is the program's.
+    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.name]).arg(program);
+        c
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        // Deleting one end of a veth pair deletes the other.
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.host_if])
+            .status();
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
+    }
+}
+
 /// target/<profile> of the running test binary.
 pub fn target_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");

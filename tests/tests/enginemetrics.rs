@@ -29,7 +29,7 @@ use tokentap_tests::{
     assert_root, free_port,
     http::round_trip,
     peers::{die_with_parent, Engine, Peers},
-    start,
+    start, Netns,
 };
 
 fn fixture(name: &str) -> Vec<u8> {
@@ -478,87 +478,26 @@ fn llama_server_in_its_own_network_namespace_is_scraped_through_setns() {
     assert_eq!((st.ok, st.namespace_failures), (1, 0));
 }
 
-/// A network namespace `ttm-<pid>` joined to the host by a veth pair
-/// (host 10.214.X.1/30, namespace 10.214.X.2/30); deleted on drop.
-struct Netns {
-    name: String,
-    host_if: String,
-    ns_addr: String,
-}
-
-impl Netns {
-    fn create() -> Netns {
-        let pid = std::process::id();
-        let x = pid % 256;
-        let ns = Netns {
-            name: format!("ttm-{pid}"),
-            host_if: format!("ttmh{pid}"),
-            ns_addr: format!("10.214.{x}.2"),
-        };
-        let ns_if = format!("ttmn{pid}");
-        let ip = |args: &[&str]| {
-            let out = Command::new("ip").args(args).output().expect("run ip");
-            assert!(
-                out.status.success(),
-                "ip {}: {}",
-                args.join(" "),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        };
-        ip(&["netns", "add", &ns.name]);
-        ip(&[
-            "link",
-            "add",
-            &ns.host_if,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            &ns_if,
-            "netns",
-            &ns.name,
-        ]);
-        ip(&[
-            "addr",
-            "add",
-            &format!("10.214.{x}.1/30"),
-            "dev",
-            &ns.host_if,
-        ]);
-        ip(&["link", "set", &ns.host_if, "up"]);
-        let inside = |args: &[&str]| ip(&[&["netns", "exec", &ns.name, "ip"][..], args].concat());
-        inside(&["addr", "add", &format!("{}/30", ns.ns_addr), "dev", &ns_if]);
-        inside(&["link", "set", &ns_if, "up"]);
-        inside(&["link", "set", "lo", "up"]);
-        ns
-    }
-
-    /// A static HTTP server inside the namespace on `addr:port` serving
-    /// `dir` (so `GET /metrics` is the file `dir/metrics`).
-    fn serve_dir(&self, addr: &str, port: u16, dir: &Path) -> tokentap_tests::Running {
-        let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", &self.name, "python3", "-m", "http.server"])
-            .args(["--bind", addr, &port.to_string(), "--directory"])
-            .arg(dir)
-            .env("PYTHONUNBUFFERED", "1");
-        start(
-            die_with_parent(&mut cmd),
-            "Serving HTTP",
-            "python http.server",
-        )
-        .0
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["link", "del", &self.host_if])
-            .status();
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .status();
-    }
+/// A static HTTP server inside `ns` on `addr:port` serving `dir` (so `GET
+/// /metrics` is the file `dir/metrics`).
+fn serve_dir(ns: &Netns, addr: &str, port: u16, dir: &Path) -> tokentap_tests::Running {
+    let mut cmd = ns.command("python3");
+    cmd.args([
+        "-m",
+        "http.server",
+        "--bind",
+        addr,
+        &port.to_string(),
+        "--directory",
+    ])
+    .arg(dir)
+    .env("PYTHONUNBUFFERED", "1");
+    start(
+        die_with_parent(&mut cmd),
+        "Serving HTTP",
+        "python http.server",
+    )
+    .0
 }
 
 /// Runs `f` on a thread without CAP_SYS_ADMIN in its effective set (so
@@ -601,12 +540,12 @@ fn without_sys_admin<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) 
 #[ignore = "needs root: network namespaces (cargo xtask test runs it as root)"]
 fn setns_refused_falls_back_only_to_a_routable_listen_address() {
     assert_root("enginemetrics setns fallback");
-    let ns = Netns::create();
+    let ns = Netns::create("ttm", 214);
     let dir = tokentap_tests::scratch_dir("enginemetrics-static");
     std::fs::write(dir.join("metrics"), fixture("vllm-v1-metrics.prom")).expect("write");
     let (lo_port, routed_port) = (free_port(), free_port());
-    let lo = ns.serve_dir("127.0.0.1", lo_port, &dir);
-    let routed = ns.serve_dir(&ns.ns_addr, routed_port, &dir);
+    let lo = serve_dir(&ns, "127.0.0.1", lo_port, &dir);
+    let routed = serve_dir(&ns, &ns.ns_addr, routed_port, &dir);
     let (lo_pid, routed_pid) = (lo.0.id(), routed.0.id());
 
     // With the right to enter the namespace both are reached.

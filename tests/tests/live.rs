@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use tokentap_tests::{
     assert_root, http, interrupt,
     otlp::{assert_exports_match_log, start_receiver},
-    read_jsonl, scratch_dir, start, start_simengine, tokentap_bin,
+    read_jsonl, scratch_dir, start, start_simengine, tokentap_bin, Netns,
 };
 
 const WRITERS: [&str; 3] = ["write", "writev", "send"];
@@ -279,93 +279,6 @@ fn run_without_targets_finds_an_engine_by_its_command_line() {
     }
 }
 
-/// A network namespace `tt-<pid>` joined to the host by a veth pair: the
-/// host end has 10.213.X.1/30, the namespace end 10.213.X.2/30 (X from the
-/// test's pid). Dropping it deletes both, also when the test panics.
-struct Netns {
-    name: String,
-    host_if: String,
-    host_addr: String,
-    ns_addr: String,
-}
-
-impl Netns {
-    fn create() -> Netns {
-        let pid = std::process::id();
-        let x = pid % 256;
-        // The guard exists before the first command, so a half-built set-up
-        // is removed too.
-        let ns = Netns {
-            name: format!("tt-{pid}"),
-            host_if: format!("tth{pid}"),
-            host_addr: format!("10.213.{x}.1"),
-            ns_addr: format!("10.213.{x}.2"),
-        };
-        let ns_if = format!("ttn{pid}");
-        ip(&["netns", "add", &ns.name]);
-        ip(&[
-            "link",
-            "add",
-            &ns.host_if,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            &ns_if,
-            "netns",
-            &ns.name,
-        ]);
-        ip(&[
-            "addr",
-            "add",
-            &format!("{}/30", ns.host_addr),
-            "dev",
-            &ns.host_if,
-        ]);
-        ip(&["link", "set", &ns.host_if, "up"]);
-        let inside = |args: &[&str]| {
-            ip(&[&["netns", "exec", &ns.name, "ip"][..], args].concat());
-        };
-        inside(&["addr", "add", &format!("{}/30", ns.ns_addr), "dev", &ns_if]);
-        inside(&["link", "set", &ns_if, "up"]);
-        inside(&["link", "set", "lo", "up"]);
-        ns
-    }
-
-    /// `program` run inside the namespace. `ip netns exec` execs it in
-    /// place, so the child's pid is the program's.
-    fn command(&self, program: &Path) -> Command {
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", &self.name]).arg(program);
-        c
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        // Deleting one end of a veth pair deletes the other.
-        let _ = Command::new("ip")
-            .args(["link", "del", &self.host_if])
-            .status();
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .status();
-    }
-}
-
-fn ip(args: &[&str]) {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .expect("run ip (iproute2)");
-    assert!(
-        out.status.success(),
-        "ip {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// The request log's complete lines so far (the agent may be mid-line).
 fn logged(path: &Path) -> Vec<Value> {
     std::fs::read_to_string(path)
@@ -440,7 +353,7 @@ fn an_engine_in_its_own_network_namespace_started_after_the_agent_and_restarted_
     let dir = scratch_dir("netns");
     let log = dir.join("requests.jsonl");
     let port = tokentap_tests::free_port();
-    let ns = Netns::create();
+    let ns = Netns::create("tt", 213);
 
     // The agent first, with only a port: nothing listens on it yet.
     let (mut agent, agent_out) = start(
