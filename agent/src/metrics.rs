@@ -138,14 +138,112 @@ impl<E: PushMetricExporter> PushMetricExporter for Counted<E> {
     }
 }
 
-pub struct Metrics {
-    provider: SdkMeterProvider,
+/// The request instruments of one meter provider (one resource).
+struct RequestInstruments {
     ttft: Histogram<f64>,
     tpot: Histogram<f64>,
     duration: Histogram<f64>,
     chunk: Histogram<f64>,
     tokens: Histogram<u64>,
     requests: Counter<u64>,
+}
+
+impl RequestInstruments {
+    fn new(meter: &opentelemetry::metrics::Meter) -> Self {
+        let h = |name: &'static str, unit: &'static str, desc: &'static str, b: &[f64]| {
+            meter
+                .f64_histogram(name)
+                .with_unit(unit)
+                .with_description(desc)
+                .with_boundaries(b.to_vec())
+                .build()
+        };
+        let ttft = h(
+            "gen_ai.server.time_to_first_token",
+            "s",
+            "Time from the first request byte read to the write of the first generated content",
+            &TTFT_BUCKETS,
+        );
+        let tpot = h(
+            "gen_ai.server.time_per_output_token",
+            "s",
+            "(last content write - first content write) / (output tokens - 1)",
+            &TPOT_BUCKETS,
+        );
+        let duration = h(
+            "gen_ai.server.request.duration",
+            "s",
+            "Time from the first request byte read to the last response byte written",
+            &DURATION_BUCKETS,
+        );
+        let chunk = h(
+            "tokentap.server.time_per_output_chunk",
+            "s",
+            "Gap between consecutive writes carrying generated content",
+            &DURATION_BUCKETS,
+        );
+        let tokens = meter
+            .u64_histogram("gen_ai.server.token.usage")
+            .with_unit("{token}")
+            .with_description("Input and output tokens per request (gen_ai.token.type)")
+            .with_boundaries(TOKEN_BUCKETS.to_vec())
+            .build();
+        let requests = meter
+            .u64_counter("tokentap.requests")
+            .with_unit("{request}")
+            .with_description("Finished requests, failures included (error.type)")
+            .build();
+        Self {
+            ttft,
+            tpot,
+            duration,
+            chunk,
+            tokens,
+            requests,
+        }
+    }
+
+    fn record(&self, f: &Finished, attrs: &[KeyValue]) {
+        let r = &f.record;
+        self.requests.add(1, attrs);
+        if let Some(d) = r.duration_s {
+            self.duration.record(d, attrs);
+        }
+        if let Some(v) = r.ttft_s {
+            self.ttft.record(v, attrs);
+        }
+        if let Some(v) = r.tpot_s {
+            self.tpot.record(v, attrs);
+        }
+        for g in &f.chunk_gaps_s {
+            self.chunk.record(*g, attrs);
+        }
+        for (kind, n) in [("input", r.input_tokens), ("output", r.output_tokens)] {
+            if let Some(n) = n {
+                let mut a = attrs.to_vec();
+                a.push(KeyValue::new("gen_ai.token.type", kind));
+                self.tokens.record(n, &a);
+            }
+        }
+    }
+}
+
+/// Engine containers with a resource of their own at most; later ones are
+/// exported under the agent's resource (and counted as overflow).
+pub const MAX_CONTAINER_RESOURCES: usize = 64;
+
+/// The OTLP sink. Request metrics of an engine in a container go out under
+/// a resource of that container's own (`container.id`, `k8s.pod.uid`), so a
+/// Collector's `k8sattributes` processor can add the pod's name, namespace
+/// and labels; the agent's own metrics (health, GPUs) and requests of
+/// engines outside containers use the agent's resource.
+pub struct Metrics {
+    cfg: MetricsConfig,
+    health: Arc<Health>,
+    provider: SdkMeterProvider,
+    requests: RequestInstruments,
+    /// container.id → its provider and instruments.
+    containers: HashMap<String, (SdkMeterProvider, RequestInstruments)>,
     attrs: AttributeMap,
     /// Engine pid → (engine, model) from records, for GPU instruments.
     engine_names: crate::gpu::engine_instruments::EngineNames,
@@ -260,6 +358,86 @@ fn hostname() -> String {
         .unwrap_or_default()
 }
 
+/// A meter provider exporting to the configured collector, with the
+/// agent's resource plus `extra` attributes (an engine container's
+/// `container.id` / `k8s.pod.uid`). Each has its own exporter: the SDK
+/// gives one resource per provider.
+fn build_provider(
+    cfg: &MetricsConfig,
+    health: &Arc<Health>,
+    extra: &[KeyValue],
+) -> Result<SdkMeterProvider> {
+    let target = cfg
+        .endpoint
+        .clone()
+        .or_else(|| std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").ok())
+        .unwrap_or_else(|| "the default OTLP endpoint".into());
+    let exporter = match cfg.protocol {
+        OtlpProtocol::Grpc => {
+            let mut b = opentelemetry_otlp::MetricExporter::builder()
+                .with_tonic()
+                .with_timeout(Duration::from_secs(5));
+            if let Some(e) = &cfg.endpoint {
+                b = b.with_endpoint(e.clone());
+            }
+            b.build().context("building the OTLP/gRPC exporter")?
+        }
+        OtlpProtocol::HttpProtobuf => {
+            let mut b = opentelemetry_otlp::MetricExporter::builder()
+                .with_http()
+                .with_protocol(Protocol::HttpBinary)
+                .with_timeout(Duration::from_secs(5));
+            if let Some(e) = &cfg.endpoint {
+                b = b.with_endpoint(http_url(e));
+            }
+            b.build().context("building the OTLP/HTTP exporter")?
+        }
+    };
+    let counted = Counted {
+        inner: exporter,
+        health: health.clone(),
+        failing: AtomicBool::new(false),
+        target,
+    };
+    let reader = PeriodicReader::builder(counted)
+        .with_interval(cfg.interval)
+        .build();
+    // OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES are read by the
+    // builder's detectors; only default the name when neither sets it.
+    let mut res = Resource::builder();
+    let named = std::env::var_os("OTEL_SERVICE_NAME").is_some()
+        || std::env::var("OTEL_RESOURCE_ATTRIBUTES").is_ok_and(|v| v.contains("service.name="));
+    if !named {
+        res = res.with_service_name("tokentap");
+    }
+    let mut attrs = vec![KeyValue::new("host.name", hostname())];
+    attrs.extend_from_slice(extra);
+    if let Ok(node) = std::env::var("NODE_NAME") {
+        attrs.push(KeyValue::new("k8s.node.name", node));
+    }
+    let resource = res.with_attributes(attrs).build();
+    let mut builder = SdkMeterProvider::builder()
+        .with_resource(resource)
+        .with_reader(reader);
+    if cfg.exponential {
+        builder = builder.with_view(|i: &Instrument| {
+            (i.kind() == InstrumentKind::Histogram)
+                .then(|| {
+                    Stream::builder()
+                        .with_aggregation(Aggregation::Base2ExponentialHistogram {
+                            max_size: 160,
+                            max_scale: 20,
+                            record_min_max: true,
+                        })
+                        .build()
+                        .ok()
+                })
+                .flatten()
+        });
+    }
+    Ok(builder.build())
+}
+
 /// The HTTP exporter wants the full URL; accept a bare collector address.
 fn http_url(endpoint: &str) -> String {
     let e = endpoint.trim_end_matches('/');
@@ -278,118 +456,9 @@ impl Metrics {
                 bail!("--otlp-endpoint must be an http:// or https:// URL, got {e:?}");
             }
         }
-        let target = cfg
-            .endpoint
-            .clone()
-            .or_else(|| std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").ok())
-            .unwrap_or_else(|| "the default OTLP endpoint".into());
-        let exporter = match cfg.protocol {
-            OtlpProtocol::Grpc => {
-                let mut b = opentelemetry_otlp::MetricExporter::builder()
-                    .with_tonic()
-                    .with_timeout(Duration::from_secs(5));
-                if let Some(e) = &cfg.endpoint {
-                    b = b.with_endpoint(e.clone());
-                }
-                b.build().context("building the OTLP/gRPC exporter")?
-            }
-            OtlpProtocol::HttpProtobuf => {
-                let mut b = opentelemetry_otlp::MetricExporter::builder()
-                    .with_http()
-                    .with_protocol(Protocol::HttpBinary)
-                    .with_timeout(Duration::from_secs(5));
-                if let Some(e) = &cfg.endpoint {
-                    b = b.with_endpoint(http_url(e));
-                }
-                b.build().context("building the OTLP/HTTP exporter")?
-            }
-        };
-        let counted = Counted {
-            inner: exporter,
-            health: health.clone(),
-            failing: AtomicBool::new(false),
-            target,
-        };
-        let reader = PeriodicReader::builder(counted)
-            .with_interval(cfg.interval)
-            .build();
-        // OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES are read by the
-        // builder's detectors; only default the name when neither sets it.
-        let mut res = Resource::builder();
-        let named = std::env::var_os("OTEL_SERVICE_NAME").is_some()
-            || std::env::var("OTEL_RESOURCE_ATTRIBUTES").is_ok_and(|v| v.contains("service.name="));
-        if !named {
-            res = res.with_service_name("tokentap");
-        }
-        let mut attrs = vec![KeyValue::new("host.name", hostname())];
-        if let Ok(node) = std::env::var("NODE_NAME") {
-            attrs.push(KeyValue::new("k8s.node.name", node));
-        }
-        let resource = res.with_attributes(attrs).build();
-        let mut builder = SdkMeterProvider::builder()
-            .with_resource(resource)
-            .with_reader(reader);
-        if cfg.exponential {
-            builder = builder.with_view(|i: &Instrument| {
-                (i.kind() == InstrumentKind::Histogram)
-                    .then(|| {
-                        Stream::builder()
-                            .with_aggregation(Aggregation::Base2ExponentialHistogram {
-                                max_size: 160,
-                                max_scale: 20,
-                                record_min_max: true,
-                            })
-                            .build()
-                            .ok()
-                    })
-                    .flatten()
-            });
-        }
-        let provider = builder.build();
+        let provider = build_provider(cfg, &health, &[])?;
         let meter = provider.meter("tokentap");
-        let h = |name: &'static str, unit: &'static str, desc: &'static str, b: &[f64]| {
-            meter
-                .f64_histogram(name)
-                .with_unit(unit)
-                .with_description(desc)
-                .with_boundaries(b.to_vec())
-                .build()
-        };
-        let ttft = h(
-            "gen_ai.server.time_to_first_token",
-            "s",
-            "Time from the first request byte read to the write of the first generated content",
-            &TTFT_BUCKETS,
-        );
-        let tpot = h(
-            "gen_ai.server.time_per_output_token",
-            "s",
-            "(last content write - first content write) / (output tokens - 1)",
-            &TPOT_BUCKETS,
-        );
-        let duration = h(
-            "gen_ai.server.request.duration",
-            "s",
-            "Time from the first request byte read to the last response byte written",
-            &DURATION_BUCKETS,
-        );
-        let chunk = h(
-            "tokentap.server.time_per_output_chunk",
-            "s",
-            "Gap between consecutive writes carrying generated content",
-            &DURATION_BUCKETS,
-        );
-        let tokens = meter
-            .u64_histogram("gen_ai.server.token.usage")
-            .with_unit("{token}")
-            .with_description("Input and output tokens per request (gen_ai.token.type)")
-            .with_boundaries(TOKEN_BUCKETS.to_vec())
-            .build();
-        let requests = meter
-            .u64_counter("tokentap.requests")
-            .with_unit("{request}")
-            .with_description("Finished requests, failures included (error.type)")
-            .build();
+        let requests = RequestInstruments::new(&meter);
         let hl = health.clone();
         let obs_u64 =
             |name: &'static str, unit: &'static str, desc: &'static str, f: fn(&Health) -> u64| {
@@ -476,13 +545,11 @@ impl Metrics {
             _gpu_instruments: gpu_instruments,
             engine_names,
             provider,
-            ttft,
-            tpot,
-            duration,
-            chunk,
-            tokens,
             requests,
-            attrs: AttributeMap::new(cfg.max_models, health),
+            containers: HashMap::new(),
+            attrs: AttributeMap::new(cfg.max_models, health.clone()),
+            cfg: cfg.clone(),
+            health,
         })
     }
 
@@ -500,32 +567,43 @@ impl Metrics {
             );
         }
         let attrs = self.attrs.of(r);
-        self.requests.add(1, &attrs);
-        if let Some(d) = r.duration_s {
-            self.duration.record(d, &attrs);
+        let Some(id) = &r.container_id else {
+            self.requests.record(f, &attrs);
+            return;
+        };
+        if !self.containers.contains_key(id) && self.containers.len() < MAX_CONTAINER_RESOURCES {
+            let mut extra = vec![KeyValue::new("container.id", id.clone())];
+            if let Some(uid) = &r.k8s_pod_uid {
+                extra.push(KeyValue::new("k8s.pod.uid", uid.clone()));
+            }
+            match build_provider(&self.cfg, &self.health, &extra) {
+                Ok(p) => {
+                    let ri = RequestInstruments::new(&p.meter("tokentap"));
+                    self.containers.insert(id.clone(), (p, ri));
+                }
+                Err(e) => eprintln!(
+                    "tokentap: cannot export container {id}'s metrics under its own resource ({e:#}); using the agent's"
+                ),
+            }
         }
-        if let Some(v) = r.ttft_s {
-            self.ttft.record(v, &attrs);
-        }
-        if let Some(v) = r.tpot_s {
-            self.tpot.record(v, &attrs);
-        }
-        for g in &f.chunk_gaps_s {
-            self.chunk.record(*g, &attrs);
-        }
-        for (kind, n) in [("input", r.input_tokens), ("output", r.output_tokens)] {
-            if let Some(n) = n {
-                let mut a = attrs.clone();
-                a.push(KeyValue::new("gen_ai.token.type", kind));
-                self.tokens.record(n, &a);
+        match self.containers.get(id) {
+            Some((_, ri)) => ri.record(f, &attrs),
+            None => {
+                self.health
+                    .attribute_overflow
+                    .fetch_add(1, Ordering::Relaxed);
+                self.requests.record(f, &attrs)
             }
         }
     }
 
-    /// Final collection and export (bounded by the SDK's 5 s shutdown).
+    /// Final collection and export of every provider (each bounded by the
+    /// SDK's 5 s shutdown).
     pub fn shutdown(self) {
-        if let Err(e) = self.provider.shutdown() {
-            eprintln!("tokentap: final OTLP export did not complete: {e}");
+        for p in std::iter::once(&self.provider).chain(self.containers.values().map(|(p, _)| p)) {
+            if let Err(e) = p.shutdown() {
+                eprintln!("tokentap: final OTLP export did not complete: {e}");
+            }
         }
     }
 }

@@ -17,6 +17,11 @@ pub struct RequestRecord {
     /// RFC 3339 UTC time of t0 (the first request byte read).
     pub ts: String,
     pub pid: u32,
+    /// `container.id` of the engine's container (64 hex), from its cgroup;
+    /// null outside a container or when the process is unknown (replay).
+    pub container_id: Option<String>,
+    /// `k8s.pod.uid` of the engine's pod, from its cgroup path.
+    pub k8s_pod_uid: Option<String>,
     pub server_port: Option<u16>,
     pub client: Option<String>,
     pub method: String,

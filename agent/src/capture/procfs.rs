@@ -326,6 +326,66 @@ pub fn container_scope_of(cgroup: &str) -> Option<String> {
         .map(str::to_string)
 }
 
+/// A container's identity as its cgroup path says it: the runtime's
+/// 64-hex container id and, under Kubernetes, the pod's UID.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ContainerIdentity {
+    /// `container.id`: 64 lowercase hex digits.
+    pub id: String,
+    /// `k8s.pod.uid` (with dashes), when the path is a Kubernetes pod's.
+    pub pod_uid: Option<String>,
+}
+
+/// The container identity of `pid` (None outside a container).
+pub fn container_identity(proc_root: &Path, pid: u32) -> Option<ContainerIdentity> {
+    let text = fs::read_to_string(proc_root.join(format!("{pid}/cgroup"))).ok()?;
+    container_identity_of(&text)
+}
+
+/// [`container_identity`] of the text of `/proc/PID/cgroup`, for every
+/// runtime and layout we know: cgroup v2 (`0::/…`) or v1 (any hierarchy);
+/// the systemd cgroup driver (`…/kubepods-burstable-pod<uid_with_underscores>.slice/
+/// cri-containerd-<id>.scope`, `crio-<id>.scope`, `docker-<id>.scope`,
+/// `libpod-<id>.scope`) and the cgroupfs driver (`/kubepods/burstable/pod<uid>/<id>`,
+/// `/kubepods/pod<uid>/<id>`, `/docker/<id>`); v2 wins when both name one.
+pub fn container_identity_of(cgroup: &str) -> Option<ContainerIdentity> {
+    let mut paths: Vec<&str> = cgroup
+        .lines()
+        .filter_map(|l| l.splitn(3, ':').nth(2))
+        .collect();
+    paths.sort_by_key(|p| !cgroup.contains(&format!("0::{p}")));
+    paths.into_iter().find_map(identity_of_path)
+}
+
+fn is_id(s: &str) -> bool {
+    s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+fn identity_of_path(path: &str) -> Option<ContainerIdentity> {
+    let mut id = None;
+    let mut pod_uid = None;
+    for seg in path.split('/') {
+        // systemd driver: `<prefix>-<id>.scope`; cgroupfs: the bare id.
+        let core = seg.strip_suffix(".scope").unwrap_or(seg);
+        let candidate = core.rsplit('-').next().unwrap_or(core);
+        if is_id(candidate) && (core == candidate || seg.ends_with(".scope")) {
+            id = Some(candidate.to_ascii_lowercase());
+        }
+        // Pod: `pod<uid>` (cgroupfs) or `kubepods-<qos>-pod<uid_>.slice`.
+        let slice = seg.strip_suffix(".slice").unwrap_or(seg);
+        if let Some(at) = slice.rfind("pod") {
+            let uid = slice[at + 3..].replace('_', "-");
+            let ok = uid.len() == 36
+                && uid.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-')
+                && uid.matches('-').count() == 4;
+            if ok && (at == 0 || slice[..at].ends_with('-')) {
+                pod_uid = Some(uid.to_ascii_lowercase());
+            }
+        }
+    }
+    id.map(|id| ContainerIdentity { id, pod_uid })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -453,6 +513,46 @@ mod tests {
             "comm with parentheses and spaces"
         );
         assert_eq!(parse_stat_ppid("garbage"), None);
+    }
+
+    #[test]
+    fn container_ids_and_pod_uids_from_every_runtime_and_layout() {
+        let id = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+        let uid = "8d5a2f3e-1b2c-4d5e-9f00-112233445566";
+        let uid_ = uid.replace('-', "_");
+        let want = |pod: bool| {
+            Some(ContainerIdentity {
+                id: id.into(),
+                pod_uid: pod.then(|| uid.to_string()),
+            })
+        };
+        for (text, pod) in [
+            // v2, systemd driver: containerd, CRI-O, docker (cri-dockerd)
+            (format!("0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid_}.slice/cri-containerd-{id}.scope\n"), true),
+            (format!("0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{uid_}.slice/crio-{id}.scope\n"), true),
+            (format!("0::/kubepods.slice/kubepods-pod{uid_}.slice/docker-{id}.scope\n"), true),
+            // v2, cgroupfs driver
+            (format!("0::/kubepods/burstable/pod{uid}/{id}\n"), true),
+            // v1 (hybrid or legacy), cgroupfs and systemd drivers
+            (format!("12:pids:/kubepods/pod{uid}/{id}\n1:name=systemd:/kubepods/pod{uid}/{id}\n0::/\n"), true),
+            (format!("4:memory:/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid_}.slice/cri-containerd-{id}.scope\n0::/\n"), true),
+            // plain Docker and podman, no pod
+            (format!("0::/system.slice/docker-{id}.scope\n"), false),
+            (format!("8:pids:/docker/{id}\n"), false),
+            (format!("0::/machine.slice/libpod-{id}.scope/container\n"), false),
+        ] {
+            assert_eq!(container_identity_of(&text), want(pod), "{text}");
+        }
+        // Not containers.
+        for text in [
+            "0::/user.slice/user-0.slice/session-3.scope\n",
+            "0::/\n",
+            "0::/system.slice/sshd.service\n",
+            "9:name=systemd:/\n4:memory:/process_api/63f072a98dec9eee8b0a1cf1bc5b7f02\n0::/\n",
+            "garbage",
+        ] {
+            assert_eq!(container_identity_of(text), None, "{text}");
+        }
     }
 
     #[test]

@@ -212,6 +212,8 @@ impl Exchange {
         let record = RequestRecord {
             ts: rfc3339(self.t0_ns),
             pid: self.pid,
+            container_id: None,
+            k8s_pod_uid: None,
             server_port: self.server_port,
             client: self.client,
             method: self.method,

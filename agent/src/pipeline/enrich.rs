@@ -1,7 +1,7 @@
 //! Enrichers: identity added to a finished record from what the agent
-//! knows about the process that served it ([`NodeState`]). Today: the
-//! engine named by the process's command line. Container/pod, model
-//! version, tenant and GPU joins are further enrichers.
+//! knows about the process that served it ([`NodeState`]): the engine
+//! named by the process's command line, its container and pod. (The GPU
+//! join is a stage of its own: it must wait for samples.)
 //!
 //! Owns: the rules for filling identity fields. Must not: change timing or
 //! token fields (those are the decoder's arithmetic).
@@ -22,6 +22,23 @@ impl Enricher for EngineName {
     fn enrich(&mut self, r: &mut RequestRecord, node: &NodeState) {
         if r.provider.is_none() {
             r.provider = node.processes.get(&r.pid).and_then(|p| p.engine.clone());
+        }
+    }
+}
+
+/// `container_id` and `k8s_pod_uid` of the serving process's container
+/// (from its cgroup, read when the process was targeted).
+pub struct Container;
+
+impl Enricher for Container {
+    fn enrich(&mut self, r: &mut RequestRecord, node: &NodeState) {
+        if let Some(c) = node
+            .processes
+            .get(&r.pid)
+            .and_then(|p| p.container.as_ref())
+        {
+            r.container_id = Some(c.id.clone());
+            r.k8s_pod_uid = c.pod_uid.clone();
         }
     }
 }

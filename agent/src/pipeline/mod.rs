@@ -93,6 +93,8 @@ pub struct ProcessInfo {
     pub engine: Option<String>,
     /// TCP ports it listens on (in its own network namespace), sorted.
     pub listen_ports: Vec<u16>,
+    /// Its container (and pod), from its cgroup.
+    pub container: Option<crate::capture::procfs::ContainerIdentity>,
 }
 
 /// Periodic work beside the data path (finding engines, sampling GPUs).

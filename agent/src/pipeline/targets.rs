@@ -124,6 +124,7 @@ impl Targeter {
             ProcessInfo {
                 engine: engine.clone(),
                 listen_ports,
+                container: procfs::container_identity(&self.proc_root, pid),
             },
         );
         engine
