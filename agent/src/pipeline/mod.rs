@@ -93,6 +93,9 @@ pub struct ProcessInfo {
     pub engine: Option<String>,
     /// TCP ports it listens on (in its own network namespace), sorted.
     pub listen_ports: Vec<u16>,
+    /// What it serves (`identity::model_version`), computed once when it
+    /// is named (and again when it execs), never per request.
+    pub model_version: Option<String>,
 }
 
 /// Periodic work beside the data path (finding engines, sampling GPUs).

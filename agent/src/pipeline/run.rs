@@ -8,7 +8,7 @@ use std::{path::Path, sync::Arc, time::Duration};
 use anyhow::{Context, Result};
 
 use super::{
-    enrich::EngineName,
+    enrich::{EngineName, ModelVersion},
     health::Health,
     plan::{RunPlan, Targeting},
     targets::Targeter,
@@ -58,7 +58,9 @@ pub async fn deadline(d: Option<Duration>) {
 /// The live agent.
 pub async fn run(plan: RunPlan) -> Result<()> {
     let health = Arc::new(Health::default());
-    let mut pipe = Pipeline::new(health.clone()).enricher(EngineName);
+    let mut pipe = Pipeline::new(health.clone())
+        .enricher(EngineName)
+        .enricher(ModelVersion);
     // Sinks are built before capture starts, so a bad path or endpoint
     // fails before anything is attached.
     if let Some(p) = &plan.requests_log {
