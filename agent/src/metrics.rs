@@ -294,6 +294,8 @@ pub const OTHER: &str = "other";
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum CapKey {
     Model,
+    /// `tokentap.model.version`: as many distinct values as model names.
+    ModelVersion,
 }
 
 /// The one mapping from a record to metric attributes, with a
@@ -306,7 +308,11 @@ pub struct AttributeMap {
 impl AttributeMap {
     pub fn new(max_models: usize, health: Arc<Health>) -> Self {
         Self {
-            caps: [(CapKey::Model, Capped::new(max_models))].into(),
+            caps: [
+                (CapKey::Model, Capped::new(max_models)),
+                (CapKey::ModelVersion, Capped::new(max_models)),
+            ]
+            .into(),
             health,
         }
     }
@@ -344,6 +350,14 @@ impl AttributeMap {
         ];
         if let Some(p) = r.server_port {
             attrs.push(KeyValue::new("server.port", p as i64));
+        }
+        // Only when known: a replay, or a process the agent did not name,
+        // has no version (omitted rather than one "unknown" series).
+        if let Some(v) = r.model_version.as_deref() {
+            attrs.push(KeyValue::new(
+                "tokentap.model.version",
+                self.capped(CapKey::ModelVersion, Some(v)),
+            ));
         }
         if let Some(e) = &r.error_type {
             attrs.push(KeyValue::new("error.type", e.clone()));
@@ -693,6 +707,50 @@ mod tests {
         assert_eq!(c.get(Some("c")), "other");
         assert_eq!(c.get(Some("a")), "a");
         assert_eq!(c.get(None), "unknown");
+    }
+
+    fn version_attr(attrs: &[KeyValue]) -> Option<String> {
+        attrs
+            .iter()
+            .find(|kv| kv.key.as_str() == "tokentap.model.version")
+            .map(|kv| kv.value.to_string())
+    }
+
+    #[test]
+    fn the_model_version_is_an_attribute_when_known_capped_apart_from_model_names() {
+        let health = Arc::new(Health::default());
+        let mut m = AttributeMap::new(2, health.clone());
+        let rec = |v: Option<&str>| RequestRecord {
+            request_model: Some("m".into()),
+            model_version: v.map(str::to_string),
+            ..Default::default()
+        };
+        assert_eq!(
+            version_attr(&m.of(&rec(None))),
+            None,
+            "omitted when unknown"
+        );
+        assert_eq!(
+            version_attr(&m.of(&rec(Some("aaa")))).as_deref(),
+            Some("aaa")
+        );
+        assert_eq!(
+            version_attr(&m.of(&rec(Some("bbb")))).as_deref(),
+            Some("bbb")
+        );
+        assert_eq!(
+            version_attr(&m.of(&rec(Some("ccc")))).as_deref(),
+            Some("other")
+        );
+        assert_eq!(health.attribute_overflow.load(Ordering::Relaxed), 1);
+        // Versions do not use up the model names' slots.
+        let attrs = m.of(&RequestRecord {
+            request_model: Some("m2".into()),
+            ..Default::default()
+        });
+        assert!(attrs
+            .iter()
+            .any(|kv| kv.key.as_str() == "gen_ai.request.model" && kv.value.to_string() == "m2"));
     }
 
     #[test]

@@ -32,6 +32,11 @@ pub struct RequestRecord {
     /// header, or the process's command line (an enricher). Owned: identity
     /// is known only at run time.
     pub provider: Option<String>,
+    /// What the engine serves, as a short stable fingerprint (engine,
+    /// served model names, model paths and files; or the engine's
+    /// `TOKENTAP_MODEL_VERSION`), from the `ModelVersion` enricher; null
+    /// when the serving process is unknown to the agent (e.g. in replay).
+    pub model_version: Option<String>,
     pub request_model: Option<String>,
     pub response_model: Option<String>,
     pub stream: bool,

@@ -221,6 +221,8 @@ impl Exchange {
             status: self.status,
             operation: self.format.operation(),
             provider: self.provider.map(str::to_string),
+            // Identity of the serving process: an enricher's.
+            model_version: None,
             request_model: self.request.model,
             response_model: self.response_model,
             stream: self.stream,

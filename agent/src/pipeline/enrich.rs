@@ -1,7 +1,9 @@
 //! Enrichers: identity added to a finished record from what the agent
 //! knows about the process that served it ([`NodeState`]): the engine
-//! named by the process's command line, its container and pod. (The GPU
-//! join is a stage of its own: it must wait for samples.)
+//! named by the process's command line, its container and pod, and the
+//! model version it serves. (The GPU join is a stage of its own: it must
+//! wait for samples; tenant, caller and request type come from the
+//! request itself, in the decoder.)
 //!
 //! Owns: the rules for filling identity fields. Must not: change timing or
 //! token fields (those are the decoder's arithmetic).
@@ -43,6 +45,20 @@ impl Enricher for Container {
     }
 }
 
+/// `model_version` from what targeting learnt about the serving process
+/// (computed there once per process, see `identity::model_version`); null
+/// for a process the agent does not know (a replay).
+pub struct ModelVersion;
+
+impl Enricher for ModelVersion {
+    fn enrich(&mut self, r: &mut RequestRecord, node: &NodeState) {
+        r.model_version = node
+            .processes
+            .get(&r.pid)
+            .and_then(|p| p.model_version.clone());
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -80,5 +96,28 @@ mod tests {
         let mut r = rec(8, None);
         EngineName.enrich(&mut r, &node);
         assert_eq!(r.provider, None, "unknown process");
+    }
+
+    #[test]
+    fn the_serving_processs_model_version_goes_on_its_records_only() {
+        let mut node = NodeState::default();
+        node.processes.insert(
+            7,
+            ProcessInfo {
+                engine: Some("llama.cpp".into()),
+                model_version: Some("0123456789ab".into()),
+                ..Default::default()
+            },
+        );
+        node.processes.insert(8, ProcessInfo::default());
+        let mut r = rec(7, None);
+        ModelVersion.enrich(&mut r, &node);
+        assert_eq!(r.model_version.as_deref(), Some("0123456789ab"));
+        let mut r = rec(8, None);
+        ModelVersion.enrich(&mut r, &node);
+        assert_eq!(r.model_version, None, "known process, no version");
+        let mut r = rec(9, None);
+        ModelVersion.enrich(&mut r, &node);
+        assert_eq!(r.model_version, None, "unknown process");
     }
 }

@@ -95,6 +95,9 @@ pub struct ProcessInfo {
     pub listen_ports: Vec<u16>,
     /// Its container (and pod), from its cgroup.
     pub container: Option<crate::capture::procfs::ContainerIdentity>,
+    /// What it serves (`identity::model_version`), computed once when it
+    /// is named (and again when it execs), never per request.
+    pub model_version: Option<String>,
 }
 
 /// Periodic work beside the data path (finding engines, sampling GPUs).

@@ -8,7 +8,7 @@ use std::{path::Path, sync::Arc, time::Duration};
 use anyhow::{Context, Result};
 
 use super::{
-    enrich::{Container, EngineName},
+    enrich::{Container, EngineName, ModelVersion},
     health::Health,
     plan::{RunPlan, Targeting},
     targets::Targeter,
@@ -60,7 +60,8 @@ pub async fn run(plan: RunPlan) -> Result<()> {
     let health = Arc::new(Health::default());
     let mut pipe = Pipeline::new(health.clone())
         .enricher(EngineName)
-        .enricher(Container);
+        .enricher(Container)
+        .enricher(ModelVersion);
     // Sinks are built before capture starts, so a bad path or endpoint
     // fails before anything is attached.
     if let Some(p) = &plan.requests_log {

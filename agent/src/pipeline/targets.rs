@@ -3,13 +3,15 @@
 //! their children); with `--port`, whatever listens on those ports in any
 //! network namespace, now or later (the agent may start before the engine,
 //! and engines restart); with neither, inference servers found by command
-//! line. Also names each target's engine for the [`EngineName`] enricher.
+//! line. Also names each target's engine for the [`EngineName`] enricher,
+//! and fingerprints what it serves (once per process) for [`ModelVersion`].
 //!
 //! Owns: when to look again, what to print about it. Must not: block the
 //! data path for long (a scan reads /proc; it runs at most once per tick,
 //! and a full scan at most every [`RESCAN`] while targets are alive).
 //!
 //! [`EngineName`]: super::enrich::EngineName
+//! [`ModelVersion`]: super::enrich::ModelVersion
 
 use std::{
     collections::{HashSet, VecDeque},
@@ -24,6 +26,7 @@ use crate::{
     capture::{procfs, Capture, ProcEvent},
     discover,
     event::SocketEvent,
+    identity::model_version,
 };
 
 /// Full rescans while targets are alive (new replicas, new engines).
@@ -36,6 +39,20 @@ pub const WATCH_NEW_PROCESS: Duration = Duration::from_secs(120);
 /// New processes watched at once at most (a busy host execs a lot; the
 /// full rescan still finds what falls out).
 pub const WATCH_MAX: usize = 256;
+
+/// Where a process's model version comes from when it is named.
+#[derive(Clone, Copy, Debug)]
+enum Version {
+    /// Fingerprint it now (a new target, or one that exec'd: a new
+    /// command line may serve another model).
+    Compute,
+    /// Keep what was computed when it was first named (computed if it was
+    /// not).
+    Keep,
+    /// A forked child serves what its parent serves (same command line
+    /// and environment): the parent's, computed if the parent is unknown.
+    Inherit(u32),
+}
 
 /// The TCP ports `pid` listens on, in its own network namespace.
 fn listening(proc_root: &Path, pid: u32) -> HashSet<u16> {
@@ -115,16 +132,28 @@ impl Targeter {
         })
     }
 
-    fn name(&self, pid: u32, node: &mut NodeState) -> Option<String> {
+    /// Names `pid`: its engine, its listening ports and (as `version`
+    /// says) its model version — the one per-process fingerprint, read
+    /// from /proc and the model files only when a process is new or
+    /// exec'd, never per request.
+    fn name(&self, pid: u32, node: &mut NodeState, version: Version) -> Option<String> {
         let engine = discover::engine_of(&self.proc_root, pid).map(str::to_string);
         let mut listen_ports: Vec<u16> = listening(&self.proc_root, pid).into_iter().collect();
         listen_ports.sort_unstable();
+        let known = |p: u32| node.processes.get(&p).map(|i| i.model_version.clone());
+        let model_version = match version {
+            Version::Keep => known(pid),
+            Version::Inherit(parent) => known(parent),
+            Version::Compute => None,
+        }
+        .unwrap_or_else(|| model_version::of_process(&self.proc_root, pid, engine.as_deref()));
         node.processes.insert(
             pid,
             ProcessInfo {
                 engine: engine.clone(),
                 listen_ports,
                 container: procfs::container_identity(&self.proc_root, pid),
+                model_version,
             },
         );
         engine
@@ -143,7 +172,7 @@ impl Targeter {
                 let ports = ports.clone();
                 for pid in procfs::pids_listening_on(&self.proc_root, &ports) {
                     if cap.add_target(pid, events)? {
-                        let engine = self.name(pid, node);
+                        let engine = self.name(pid, node, Version::Compute);
                         eprintln!(
                             "tokentap: found pid {pid} ({}) listening on port(s) {ports:?}",
                             engine.as_deref().unwrap_or("engine not recognised")
@@ -170,7 +199,7 @@ impl Targeter {
                 .get(&pid)
                 .is_none_or(|p| p.listen_ports.is_empty())
             {
-                self.name(pid, node);
+                self.name(pid, node, Version::Keep);
             }
         }
         node.processes
@@ -225,7 +254,7 @@ impl Targeter {
                 ProcEvent::Exec { pid, .. } => {
                     self.exec_seen = true;
                     if targets.contains(&pid) {
-                        self.name(pid, node);
+                        self.name(pid, node, Version::Compute);
                     } else {
                         self.watch_new(pid);
                     }
@@ -234,8 +263,8 @@ impl Targeter {
                 // have been watched since its exec).
                 ProcEvent::Listen { pid, .. } if !targets.contains(&pid) => self.watch_new(pid),
                 ProcEvent::Listen { .. } => {}
-                ProcEvent::Fork { child, .. } => {
-                    self.name(child, node);
+                ProcEvent::Fork { parent, child } => {
+                    self.name(child, node, Version::Inherit(parent));
                 }
                 ProcEvent::Exit { .. } => {}
             }
@@ -284,7 +313,7 @@ impl Targeter {
                 continue;
             }
             if cap.add_target(pid, events)? {
-                let engine = self.name(pid, node);
+                let engine = self.name(pid, node, Version::Compute);
                 eprintln!(
                     "tokentap: found pid {pid} ({}) listening on port(s) {:?}",
                     engine.as_deref().unwrap_or("engine not recognised"),
