@@ -14,6 +14,7 @@ pub mod discover;
 pub mod enginemetrics;
 pub mod event;
 pub mod gpu;
+pub mod identity;
 pub mod metrics;
 pub mod pipeline;
 pub mod record;
