@@ -81,6 +81,9 @@ pub struct MetricsConfig {
     pub exponential: bool,
     /// Distinct model names kept as attribute values; the rest are "other".
     pub max_models: usize,
+    /// Distinct tenants, and separately distinct callers, kept as attribute
+    /// values; the rest are "other".
+    pub max_tenants: usize,
 }
 
 /// State beside the request records that the metrics sink exports, when
@@ -250,8 +253,10 @@ pub struct Metrics {
     _gpu_instruments: Option<crate::gpu::instruments::GpuInstruments>,
 }
 
-/// An attribute with unbounded values (model names, later tenants): the
-/// first `max` distinct values pass, later ones read "other".
+/// An attribute with unbounded values (model names, tenants, callers): the
+/// first `max` distinct values pass, later ones read "other". Holds at
+/// most `max` values (each bounded by its source: a tenant is at most 128
+/// bytes).
 pub struct Capped {
     seen: HashSet<String>,
     max: usize,
@@ -282,6 +287,15 @@ impl Capped {
         self.overflow += 1;
         OTHER.to_string()
     }
+
+    /// Distinct values kept (at most `max`).
+    pub fn len(&self) -> usize {
+        self.seen.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.seen.is_empty()
+    }
 }
 
 /// The value of an attribute the record does not know (never omitted:
@@ -296,6 +310,8 @@ pub enum CapKey {
     Model,
     /// `tokentap.model.version`: as many distinct values as model names.
     ModelVersion,
+    Tenant,
+    Caller,
 }
 
 /// The one mapping from a record to metric attributes, with a
@@ -306,15 +322,23 @@ pub struct AttributeMap {
 }
 
 impl AttributeMap {
-    pub fn new(max_models: usize, health: Arc<Health>) -> Self {
+    /// `max_tenants` caps tenants and callers, each on its own.
+    pub fn new(max_models: usize, max_tenants: usize, health: Arc<Health>) -> Self {
         Self {
             caps: [
                 (CapKey::Model, Capped::new(max_models)),
                 (CapKey::ModelVersion, Capped::new(max_models)),
+                (CapKey::Tenant, Capped::new(max_tenants)),
+                (CapKey::Caller, Capped::new(max_tenants)),
             ]
             .into(),
             health,
         }
+    }
+
+    /// Distinct values the cap of `key` holds now.
+    pub fn held(&self, key: CapKey) -> usize {
+        self.caps.get(&key).map_or(0, Capped::len)
     }
 
     fn capped(&mut self, key: CapKey, v: Option<&str>) -> String {
@@ -347,6 +371,21 @@ impl AttributeMap {
                 self.capped(CapKey::Model, r.response_model.as_deref()),
             ),
             KeyValue::new("tokentap.stream", r.stream),
+            KeyValue::new(
+                "tokentap.tenant",
+                self.capped(CapKey::Tenant, r.tenant.as_deref()),
+            ),
+            KeyValue::new(
+                "tokentap.caller",
+                self.capped(CapKey::Caller, r.caller.as_deref()),
+            ),
+            // Bounded: the built-ins plus the config file's rule names.
+            KeyValue::new(
+                "tokentap.request.type",
+                r.request_type
+                    .clone()
+                    .unwrap_or_else(|| UNKNOWN.to_string()),
+            ),
         ];
         if let Some(p) = r.server_port {
             attrs.push(KeyValue::new("server.port", p as i64));
@@ -511,7 +550,7 @@ impl Metrics {
         let _ = obs_u64(
             "tokentap.metrics.attribute_overflow",
             "{value}",
-            "Attribute values exported as \"other\" by a cardinality cap (--max-models)",
+            "Attribute values exported as \"other\" by a cardinality cap (--max-models, --max-tenants)",
             |h| h.attribute_overflow.load(Ordering::Relaxed),
         );
         let _ = obs_u64(
@@ -561,7 +600,7 @@ impl Metrics {
             provider,
             requests,
             containers: HashMap::new(),
-            attrs: AttributeMap::new(cfg.max_models, health.clone()),
+            attrs: AttributeMap::new(cfg.max_models, cfg.max_tenants, health.clone()),
             cfg: cfg.clone(),
             health,
         })
@@ -719,7 +758,7 @@ mod tests {
     #[test]
     fn the_model_version_is_an_attribute_when_known_capped_apart_from_model_names() {
         let health = Arc::new(Health::default());
-        let mut m = AttributeMap::new(2, health.clone());
+        let mut m = AttributeMap::new(2, 100, health.clone());
         let rec = |v: Option<&str>| RequestRecord {
             request_model: Some("m".into()),
             model_version: v.map(str::to_string),
@@ -751,6 +790,73 @@ mod tests {
         assert!(attrs
             .iter()
             .any(|kv| kv.key.as_str() == "gen_ai.request.model" && kv.value.to_string() == "m2"));
+    }
+
+    fn attr<'a>(attrs: &'a [KeyValue], key: &str) -> &'a opentelemetry::Value {
+        &attrs
+            .iter()
+            .find(|kv| kv.key.as_str() == key)
+            .unwrap_or_else(|| panic!("no {key}"))
+            .value
+    }
+
+    #[test]
+    fn tenant_caller_and_request_type_are_attributes_with_unknown_for_null() {
+        let mut m = AttributeMap::new(4, 4, Arc::new(Health::default()));
+        let r = RequestRecord {
+            tenant: Some("acme".into()),
+            caller: Some("10.0.0.7".into()),
+            request_type: Some("rag".into()),
+            ..Default::default()
+        };
+        let a = m.of(&r);
+        assert_eq!(attr(&a, "tokentap.tenant").as_str(), "acme");
+        assert_eq!(attr(&a, "tokentap.caller").as_str(), "10.0.0.7");
+        assert_eq!(attr(&a, "tokentap.request.type").as_str(), "rag");
+        let a = m.of(&RequestRecord::default());
+        assert_eq!(attr(&a, "tokentap.tenant").as_str(), UNKNOWN);
+        assert_eq!(attr(&a, "tokentap.caller").as_str(), UNKNOWN);
+        assert_eq!(attr(&a, "tokentap.request.type").as_str(), UNKNOWN);
+    }
+
+    /// 10,000 distinct tenants (and callers) from one client: at most
+    /// N + 1 distinct values exported per key, every overflow counted in
+    /// health, and each cap holds at most N values (memory bounded).
+    #[test]
+    fn ten_thousand_tenants_export_at_most_n_plus_one_values_and_count_the_overflow() {
+        const N: usize = 100;
+        let health = Arc::new(Health::default());
+        let mut m = AttributeMap::new(64, N, health.clone());
+        let mut tenants = HashSet::new();
+        let mut callers = HashSet::new();
+        for i in 0..10_000u32 {
+            let r = RequestRecord {
+                tenant: Some(format!("tenant-{i}")),
+                caller: Some(format!("10.{}.{}.{}", i >> 16, (i >> 8) & 255, i & 255)),
+                request_model: Some("m".into()),
+                ..Default::default()
+            };
+            let a = m.of(&r);
+            tenants.insert(attr(&a, "tokentap.tenant").as_str().to_string());
+            callers.insert(attr(&a, "tokentap.caller").as_str().to_string());
+        }
+        assert_eq!(tenants.len(), N + 1, "N tenants and `other`");
+        assert!(tenants.contains(OTHER));
+        assert_eq!(callers.len(), N + 1, "callers are capped on their own");
+        assert_eq!(m.held(CapKey::Tenant), N);
+        assert_eq!(m.held(CapKey::Caller), N);
+        assert_eq!(m.held(CapKey::Model), 1, "other keys are not affected");
+        assert_eq!(
+            health.attribute_overflow.load(Ordering::Relaxed),
+            2 * (10_000 - N as u64),
+            "each value folded into `other` is counted"
+        );
+        // A tenant seen before the cap filled keeps its own value.
+        let a = m.of(&RequestRecord {
+            tenant: Some("tenant-3".into()),
+            ..Default::default()
+        });
+        assert_eq!(attr(&a, "tokentap.tenant").as_str(), "tenant-3");
     }
 
     #[test]

@@ -24,6 +24,19 @@ pub struct RequestRecord {
     pub k8s_pod_uid: Option<String>,
     pub server_port: Option<u16>,
     pub client: Option<String>,
+    /// Who the request is for: the first configured tenant header present
+    /// (`--tenant-header`), else the body's OpenAI `user` field; at most
+    /// 128 bytes (longer values end with `…`).
+    pub tenant: Option<String>,
+    /// The peer's IP address (`client` without its port).
+    pub caller: Option<String>,
+    /// The first 12 hex digits of HMAC-SHA256(install key, API key) of the
+    /// bearer token or `api-key` / `x-api-key` header; never the key.
+    pub api_key_id: Option<String>,
+    /// The first matching config rule's type, else a built-in (`chat`,
+    /// `completion`, `embedding`, `tool_call`, `batch`); null for an API
+    /// the decoder does not know.
+    pub request_type: Option<String>,
     pub method: String,
     pub path: String,
     pub status: Option<u16>,

@@ -111,6 +111,19 @@ pub fn post(path: &str, host: &str, body: &str) -> String {
     )
 }
 
+/// The bytes of `POST path` with a JSON body and extra header lines
+/// (`(name, value)` pairs, written as given).
+pub fn post_with_headers(path: &str, host: &str, headers: &[(&str, &str)], body: &str) -> String {
+    let extra: String = headers
+        .iter()
+        .map(|(n, v)| format!("{n}: {v}\r\n"))
+        .collect();
+    format!(
+        "POST {path} HTTP/1.1\r\nHost: {host}\r\n{extra}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+}
+
 /// The bytes of a whole response with a Content-Length body.
 pub fn response(status: u16, content_type: &str, body: &str) -> String {
     let reason = match status {

@@ -3,7 +3,13 @@
 //! comes from event timestamps handed in by the decoder; nothing here reads
 //! a clock.
 
+use std::sync::Arc;
+
 use super::engines::{estimate_tokens, Content, EventInfo, Format, RequestInfo};
+use crate::identity::{
+    caller::caller_of,
+    request_type::{builtin, Endpoint, Facts, Rules},
+};
 use crate::record::{rfc3339, Finished, RequestRecord};
 
 fn secs(ns: u64) -> f64 {
@@ -30,6 +36,16 @@ pub struct Exchange {
     pub last_response_byte_ns: Option<u64>,
     /// The agent's own request (`crate::selftraffic`), not LLM traffic.
     pub self_request: bool,
+    /// The configured tenant header's value (bounded).
+    pub tenant_header: Option<String>,
+    /// The presented API key's id (never the key).
+    pub api_key_id: Option<String>,
+    /// Values of the headers request-type rules name.
+    pub rule_headers: Vec<(String, String)>,
+    /// Request-type rules (None: built-in types only).
+    pub types: Option<Arc<Rules>>,
+    /// The response called a tool.
+    tool_calls: bool,
     first_content_ns: Option<u64>,
     first_reasoning_ns: Option<u64>,
     first_answer_ns: Option<u64>,
@@ -74,6 +90,11 @@ impl Exchange {
             stream: false,
             last_response_byte_ns: None,
             self_request: false,
+            tenant_header: None,
+            api_key_id: None,
+            rule_headers: Vec::new(),
+            types: None,
+            tool_calls: false,
             first_content_ns: None,
             first_reasoning_ns: None,
             first_answer_ns: None,
@@ -143,6 +164,7 @@ impl Exchange {
     }
 
     fn absorb(&mut self, info: EventInfo<'_>) {
+        self.tool_calls |= info.tool_calls || info.content == Content::Tool;
         if let Some(m) = info.model {
             if self.response_model.as_deref() != Some(m.as_ref()) {
                 self.response_model = Some(m.into_owned());
@@ -209,6 +231,27 @@ impl Exchange {
         };
         let reasoning_first = matches!((self.first_reasoning_ns, self.first_answer_ns), (Some(r), a) if a.is_none_or(|a| r < a));
         let last = self.last_response_byte_ns.unwrap_or(end_ns);
+        let request_type = {
+            let facts = Facts {
+                path: &self.path,
+                endpoint: endpoint(self.format),
+                model: self
+                    .request
+                    .model
+                    .as_deref()
+                    .or(self.response_model.as_deref()),
+                input_tokens: in_tokens,
+                headers: &self.rule_headers,
+                json_fields: &self.request.json_fields,
+                tools_offered: self.request.tools_offered,
+                tool_calls: self.tool_calls,
+            };
+            match &self.types {
+                Some(rules) => rules.classify(&facts),
+                None => builtin(&facts).map(str::to_string),
+            }
+        };
+        let caller = self.client.as_deref().and_then(caller_of);
         let record = RequestRecord {
             ts: rfc3339(self.t0_ns),
             pid: self.pid,
@@ -216,6 +259,10 @@ impl Exchange {
             k8s_pod_uid: None,
             server_port: self.server_port,
             client: self.client,
+            tenant: self.tenant_header.or(self.request.user),
+            caller,
+            api_key_id: self.api_key_id,
+            request_type,
             method: self.method,
             path: self.path,
             status: self.status,
@@ -259,6 +306,20 @@ impl Exchange {
             content_events: self.content_events,
             chunk_gaps_s: self.gaps,
         }
+    }
+}
+
+/// What an API format says a request is, for the built-in request types.
+fn endpoint(f: Format) -> Endpoint {
+    match f {
+        Format::OpenAiChat | Format::OllamaChat | Format::OpenAiResponses => Endpoint::Chat,
+        Format::OpenAiCompletions
+        | Format::LlamaCppCompletion
+        | Format::TgiGenerate
+        | Format::OllamaGenerate
+        | Format::TritonGenerate => Endpoint::Completion,
+        Format::OpenAiEmbeddings => Endpoint::Embedding,
+        Format::Unknown => Endpoint::Other,
     }
 }
 

@@ -20,11 +20,12 @@ pub mod exchange;
 pub mod http1;
 pub mod stream;
 
-use std::collections::HashMap;
+use std::{collections::HashMap, sync::Arc};
 
 use serde::Serialize;
 
 use self::http1::Http1Conn;
+use crate::identity::{caller::CallerConfig, request_type::Rules};
 use crate::selftraffic::Marker;
 use crate::{
     event::{DataEvent, Dir, Role, SocketEvent},
@@ -60,6 +61,31 @@ pub struct DecodeStats {
     /// Connections speaking a protocol this decoder does not follow
     /// (HTTP/2 preface, a `101 Switching Protocols` upgrade).
     pub unsupported_protocol: u64,
+}
+
+/// What the decoder keeps of each request besides its timing and sizes:
+/// the tenant headers' value, the API key's id, and what request-type
+/// rules look at (the values of headers they name, the presence of body
+/// keys they name). Nothing else of a head or body is kept.
+#[derive(Clone, Debug, Default)]
+pub struct IdentityConfig {
+    pub caller: CallerConfig,
+    pub types: Arc<Rules>,
+    /// Lowercase names of headers the rules match on.
+    pub rule_headers: Vec<String>,
+    /// Top-level body keys the rules ask about.
+    pub rule_fields: Vec<String>,
+}
+
+impl IdentityConfig {
+    pub fn new(caller: CallerConfig, types: Rules) -> Self {
+        Self {
+            caller,
+            rule_headers: types.header_names(),
+            rule_fields: types.json_fields(),
+            types: Arc::new(types),
+        }
+    }
 }
 
 /// What a connection is, as its open event said.
@@ -117,6 +143,7 @@ pub struct Out<'a> {
     next_seq: &'a mut u64,
     records: &'a mut Vec<Finished>,
     self_marker: Option<&'a Marker>,
+    pub identity: &'a IdentityConfig,
 }
 
 impl Out<'_> {
@@ -245,6 +272,7 @@ pub struct Decoder {
     /// Requests carrying this run's own-traffic token are marked
     /// ([`Finished::self_request`]).
     self_marker: Option<Marker>,
+    identity: IdentityConfig,
 }
 
 impl Decoder {
@@ -255,6 +283,13 @@ impl Decoder {
     /// Marks requests carrying `m` in the own-traffic header as the agent's.
     pub fn with_self_marker(mut self, m: Marker) -> Self {
         self.self_marker = Some(m);
+        self
+    }
+
+    /// Tenant headers, API-key ids and request-type rules (default: no
+    /// tenant header, no API-key ids, built-in request types only).
+    pub fn with_identity(mut self, id: IdentityConfig) -> Self {
+        self.identity = id;
         self
     }
 
@@ -298,12 +333,14 @@ impl Decoder {
             next_seq,
             stats,
             self_marker,
+            identity,
         } = self;
         let mut out = Out {
             stats,
             next_seq,
             records,
             self_marker: self_marker.as_ref(),
+            identity,
         };
         match ev {
             SocketEvent::Open(o) => {
@@ -357,6 +394,7 @@ impl Decoder {
             next_seq: &mut self.next_seq,
             records,
             self_marker: self.self_marker.as_ref(),
+            identity: &self.identity,
         };
         for k in keys {
             if let Some(Conn {

@@ -1,7 +1,13 @@
-//! Identity of what serves a request, learnt once per process from /proc
-//! (never per request) and put on records by the pipeline's enrichers.
+//! Identity of what serves a request and of who sent it.
 //!
-//! Owns: reading a process's identity (command line, environment, model
-//! files). Must not: run on the data path, or keep anything per request.
+//! * `model_version` — what an engine serves, learnt once per process from
+//!   /proc (never per request) and put on records by an enricher.
+//! * `caller` (tenant, peer, API-key id) and `request_type` — pure rules and
+//!   bounded values the decoder applies to each request
+//!   (`decode::exchange`); the metrics sink caps them (`metrics`).
+//!
+//! Must not: run /proc reads on the data path, or keep payload text.
 
+pub mod caller;
 pub mod model_version;
+pub mod request_type;

@@ -156,6 +156,13 @@ impl Pipeline {
         self
     }
 
+    /// What the decoder keeps of each request's identity (tenant headers,
+    /// API-key ids, request-type rules).
+    pub fn identity(mut self, id: crate::decode::IdentityConfig) -> Self {
+        self.decoder = std::mem::take(&mut self.decoder).with_identity(id);
+        self
+    }
+
     /// Adds the GPU join (records of GPU engines wait for the next sample).
     pub fn gpu(mut self, stage: GpuStage) -> Self {
         self.gpu = Some(stage);

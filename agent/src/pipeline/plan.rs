@@ -21,7 +21,10 @@ pub struct RunFlags {
     /// Read options from a TOML file: keys are the long option names
     /// (`requests-log = "/var/log/tokentap.jsonl"`, `pid = [1234]`,
     /// `no-console = true`, `otlp-endpoint = "http://collector:4317"`).
-    /// Options given on the command line win; lists are joined.
+    /// Options given on the command line win; lists are joined. The file
+    /// may also define request types as `[[request_type]]` tables (`name`
+    /// plus any of `path`, `header`, `model`, `input_tokens`, `json_field`;
+    /// see docs/metrics.md); an invalid rule stops the agent at start.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Capture this inference-server process and the processes it starts
@@ -73,6 +76,24 @@ pub struct RunFlags {
     /// tokentap.metrics.attribute_overflow).
     #[arg(long, value_name = "N", default_value_t = 64)]
     pub max_models: usize,
+    /// Take the request's tenant from this header (repeatable; the first
+    /// one present wins; any case). Without one, or when none is present,
+    /// the tenant is the OpenAI `user` field of the body. No other header
+    /// value is kept.
+    #[arg(long = "tenant-header", value_name = "NAME")]
+    pub tenant_headers: Vec<String>,
+    /// Distinct tenants, and separately distinct callers (peer IPs), used
+    /// as metric attribute values; later ones are exported as "other"
+    /// (counted in tokentap.metrics.attribute_overflow). The request log
+    /// keeps every value.
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    pub max_tenants: usize,
+    /// Key for `api_key_id` (HMAC-SHA256 of the request's API key; the key
+    /// itself is never kept): the bytes of this file. Default: a random
+    /// key made on first use in /var/lib/tokentap/api-key-salt (mode 0600);
+    /// give the same file to every agent for ids that agree across nodes.
+    #[arg(long, value_name = "PATH")]
+    pub api_key_salt_file: Option<PathBuf>,
     /// Do not scrape the engines' own Prometheus metrics (KV-cache use,
     /// queued and running requests; scraped at each export interval from
     /// each captured engine's port, when OTLP export is on).
@@ -169,6 +190,18 @@ pub struct RunPlan {
     /// Scrape engines' /metrics at this interval (None: off, or no OTLP
     /// export to carry the values).
     pub engine_metrics: Option<Duration>,
+    pub identity: IdentityPlan,
+}
+
+/// Tenant, API-key id and request-type settings (read and checked by the
+/// run driver before anything starts).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct IdentityPlan {
+    /// Tenant header names, lowercase, in order.
+    pub tenant_headers: Vec<String>,
+    pub api_key_salt_file: Option<PathBuf>,
+    /// The config file whose `[[request_type]]` rules apply.
+    pub rules_file: Option<PathBuf>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -254,6 +287,7 @@ pub fn resolve(f: &RunFlags, env: &dyn Env) -> Result<RunPlan> {
                 interval: positive_secs("export-interval", f.export_interval)?,
                 exponential: f.exponential_histograms,
                 max_models: f.max_models,
+                max_tenants: f.max_tenants,
             })
         })
         .transpose()?;
@@ -281,7 +315,28 @@ pub fn resolve(f: &RunFlags, env: &dyn Env) -> Result<RunPlan> {
         .as_ref()
         .filter(|_| !f.no_engine_metrics)
         .map(|m| m.interval.max(Duration::from_secs(1)));
+    let mut tenant_headers: Vec<String> = vec![];
+    for h in &f.tenant_headers {
+        let n = h.trim();
+        if n.is_empty()
+            || !n
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+        {
+            bail!("--tenant-header {h:?} is not an HTTP header name");
+        }
+        let n = n.to_ascii_lowercase();
+        if !tenant_headers.contains(&n) {
+            tenant_headers.push(n);
+        }
+    }
+    let identity = IdentityPlan {
+        tenant_headers,
+        api_key_salt_file: f.api_key_salt_file.clone(),
+        rules_file: f.config.clone(),
+    };
     Ok(RunPlan {
+        identity,
         gpu,
         engine_metrics,
         targeting,
@@ -316,6 +371,10 @@ pub fn merge_config_file(args: &[String], run_args: &[String]) -> Result<Vec<Str
         toml::from_str(&text).with_context(|| format!("config file {path} is not valid TOML"))?;
     let mut extra = vec![];
     for (key, value) in table {
+        // Request-type rules are read by `identity::request_type::Rules`.
+        if key == crate::identity::request_type::CONFIG_KEY {
+            continue;
+        }
         let name = key.replace('_', "-");
         if name == "config" || name == "help" || !run_args.contains(&name) {
             bail!("config file {path}: unknown option `{key}` (the keys are `tokentap run` long option names, see `tokentap run --help`)");
@@ -426,6 +485,66 @@ mod tests {
         std::fs::write(&f, "nope = 1\n").unwrap();
         let err = merge_config_file(&args, &run_option_names()).unwrap_err();
         assert!(format!("{err:#}").contains("unknown option `nope`"));
+    }
+
+    #[test]
+    fn request_type_tables_are_rules_not_flags_and_unknown_keys_still_fail() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("c.toml");
+        std::fs::write(
+            &f,
+            "no-console = true\ntenant-header = [\"X-Tenant-ID\", \"X-Org\"]\nmax-tenants = 7\n\n[[request_type]]\nname = \"rag\"\njson_field = \"documents\"\n",
+        )
+        .unwrap();
+        let args: Vec<String> = ["tokentap", "run", "--config", f.to_str().unwrap()]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let out = merge_config_file(&args, &run_option_names()).unwrap();
+        assert!(!out.iter().any(|a| a.contains("request")), "{out:?}");
+        let Sub::Run(r) = Cli::try_parse_from(&out).unwrap().cmd;
+        let p = resolve(&r, &env(&[], false)).unwrap();
+        assert_eq!(p.identity.tenant_headers, vec!["x-tenant-id", "x-org"]);
+        assert_eq!(p.identity.rules_file.as_deref(), Some(f.as_path()));
+        assert_eq!(r.max_tenants, 7);
+        let rules = crate::identity::request_type::Rules::load(&f).unwrap();
+        assert_eq!(rules.rules()[0].name, "rag");
+        std::fs::write(&f, "request-typo = 1\n").unwrap();
+        let err = merge_config_file(&args, &run_option_names()).unwrap_err();
+        assert!(format!("{err:#}").contains("unknown option `request-typo`"));
+    }
+
+    #[test]
+    fn tenant_headers_are_checked_and_the_cap_defaults_to_100() {
+        let p = resolve(&flags(&[]), &env(&[], false)).unwrap();
+        assert_eq!(p.identity, IdentityPlan::default());
+        let m = resolve(
+            &flags(&["--otlp-endpoint", "http://c:4317"]),
+            &env(&[], false),
+        )
+        .unwrap()
+        .metrics
+        .unwrap();
+        assert_eq!(m.max_tenants, 100);
+        let p = resolve(
+            &flags(&[
+                "--tenant-header",
+                "X-Tenant-ID",
+                "--tenant-header",
+                "x-tenant-id",
+                "--api-key-salt-file",
+                "/etc/salt",
+            ]),
+            &env(&[], false),
+        )
+        .unwrap();
+        assert_eq!(p.identity.tenant_headers, vec!["x-tenant-id"]);
+        assert_eq!(
+            p.identity.api_key_salt_file.as_deref(),
+            Some(Path::new("/etc/salt"))
+        );
+        let err = resolve(&flags(&["--tenant-header", "X Tenant"]), &env(&[], false)).unwrap_err();
+        assert!(format!("{err}").contains("not an HTTP header name"));
     }
 
     #[test]

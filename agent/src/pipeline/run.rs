@@ -10,7 +10,7 @@ use anyhow::{Context, Result};
 use super::{
     enrich::{Container, EngineName, ModelVersion},
     health::Health,
-    plan::{RunPlan, Targeting},
+    plan::{IdentityPlan, RunPlan, Targeting},
     targets::Targeter,
     Pipeline, Task, TaskCx, TICK,
 };
@@ -18,6 +18,7 @@ use crate::{
     capfile::Writer,
     capture::{Capture, ProcEvent},
     console::ConsoleSink,
+    decode::IdentityConfig,
     enginemetrics::task::{EngineMetricsTask, SharedEngineStates},
     event::SocketEvent,
     gpu::{
@@ -25,6 +26,10 @@ use crate::{
         sampler::{self, SamplerConfig},
         stage::{GpuStage, SharedView},
         task::GpuTask,
+    },
+    identity::{
+        caller::{load_key, ApiKeyHasher, CallerConfig, INSTALL_KEY_PATH},
+        request_type::Rules,
     },
     metrics::{Extras, Metrics},
     record::RequestLog,
@@ -55,10 +60,31 @@ pub async fn deadline(d: Option<Duration>) {
     }
 }
 
+/// Reads what tenants, API-key ids and request types need. Runs before
+/// anything starts: an invalid request-type rule or an unreadable salt
+/// file stops the agent here, naming the rule or file.
+pub fn identity(plan: &IdentityPlan, install_key: &Path) -> Result<IdentityConfig> {
+    let rules = match &plan.rules_file {
+        Some(p) => Rules::load(p)?,
+        None => Rules::default(),
+    };
+    let (key, origin) = load_key(plan.api_key_salt_file.as_deref(), install_key)?;
+    if let Some(n) = origin.notice() {
+        eprintln!("{n}");
+    }
+    let hasher = ApiKeyHasher::new(&key)?;
+    Ok(IdentityConfig::new(
+        CallerConfig::new(&plan.tenant_headers, Some(hasher)),
+        rules,
+    ))
+}
+
 /// The live agent.
 pub async fn run(plan: RunPlan) -> Result<()> {
+    let id = identity(&plan.identity, Path::new(INSTALL_KEY_PATH))?;
     let health = Arc::new(Health::default());
     let mut pipe = Pipeline::new(health.clone())
+        .identity(id)
         .enricher(EngineName)
         .enricher(Container)
         .enricher(ModelVersion);

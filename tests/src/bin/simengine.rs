@@ -8,6 +8,7 @@
 //!
 //! `GET /metrics` answers a Prometheus exposition in llama.cpp server's
 //! names (`llamacpp:requests_processing` = requests being answered now).
+//! `"tool_call": true` streams tool-call deltas instead of content.
 //! `status` other than 200 answers with that error; `write` picks the
 //! syscall for stream chunks (`write`, `writev`, `send`), like engines that
 //! differ in their I/O paths. The engine appends one JSON line per request
@@ -183,7 +184,12 @@ fn serve(stream: TcpStream, truth: Arc<Mutex<Option<std::fs::File>>>) {
                     break;
                 }
                 std::thread::sleep(if i == 0 { ttft } else { gap });
-                let c = json!({"model": model, "choices": [{"index": 0, "delta": {"content": format!("tok{i} ")}}]});
+                let delta = if sim["tool_call"].as_bool().unwrap_or(false) {
+                    json!({"tool_calls": [{"index": 0, "function": {"arguments": format!("a{i}")}}]})
+                } else {
+                    json!({"content": format!("tok{i} ")})
+                };
+                let c = json!({"model": model, "choices": [{"index": 0, "delta": delta}]});
                 match timed_write(fd, chunk(&format!("data: {c}\n\n")).as_bytes(), &how) {
                     Some(b) => {
                         first.get_or_insert(b);

@@ -109,6 +109,14 @@ pub struct RequestInfo {
     pub stream: Option<bool>,
     /// Characters of prompt text, for an input-token estimate.
     pub prompt_chars: Option<u64>,
+    /// The OpenAI `user` field (a tenant when no tenant header says),
+    /// bounded by `identity::caller::bounded_value`.
+    pub user: Option<String>,
+    /// Tools were offered (a non-empty `tools` or legacy `functions`).
+    pub tools_offered: bool,
+    /// Which of the top-level keys asked about (request-type rules'
+    /// `json_field`) the body has. Names only, never values.
+    pub json_fields: Vec<String>,
 }
 
 fn text_chars(v: &Value) -> u64 {
@@ -126,8 +134,19 @@ fn text_chars(v: &Value) -> u64 {
 
 /// Parses a request body (JSON) for model, stream flag and prompt size.
 pub fn request_info(body: &[u8]) -> RequestInfo {
+    request_info_with(body, &[])
+}
+
+/// [`request_info`], also noting which of the top-level keys `fields`
+/// the body has.
+pub fn request_info_with(body: &[u8], fields: &[String]) -> RequestInfo {
     let Ok(Value::Object(o)) = serde_json::from_slice::<Value>(body) else {
         return RequestInfo::default();
+    };
+    let non_empty = |k: &str| {
+        o.get(k)
+            .and_then(Value::as_array)
+            .is_some_and(|a| !a.is_empty())
     };
     let model = o.get("model").and_then(Value::as_str).map(str::to_string);
     let stream = o.get("stream").and_then(Value::as_bool);
@@ -140,6 +159,16 @@ pub fn request_info(body: &[u8]) -> RequestInfo {
         model,
         stream,
         prompt_chars: (prompt > 0).then_some(prompt),
+        user: o
+            .get("user")
+            .and_then(Value::as_str)
+            .and_then(|u| crate::identity::caller::bounded_value(u.as_bytes())),
+        tools_offered: non_empty("tools") || non_empty("functions"),
+        json_fields: fields
+            .iter()
+            .filter(|f| o.contains_key(f.as_str()))
+            .cloned()
+            .collect(),
     }
 }
 
@@ -176,6 +205,8 @@ pub struct EventInfo<'a> {
     /// The engine's own end-of-stream event (Ollama `done: true`, llama.cpp
     /// `stop: true`); OpenAI's `data: [DONE]` is seen by the SSE layer.
     pub end_of_stream: bool,
+    /// A tool call, even in an event whose content reads as an answer.
+    pub tool_calls: bool,
 }
 
 impl Default for EventInfo<'_> {
@@ -189,6 +220,7 @@ impl Default for EventInfo<'_> {
             finish_reason: None,
             error: false,
             end_of_stream: false,
+            tool_calls: false,
         }
     }
 }
@@ -487,6 +519,25 @@ mod tests {
         assert_eq!(r.stream, Some(true));
         assert_eq!(r.prompt_chars, Some(8));
         assert_eq!(request_info(b"not json"), RequestInfo::default());
+        assert_eq!(r.user, None);
+        assert!(!r.tools_offered);
+    }
+
+    #[test]
+    fn request_info_reads_user_tools_and_asked_for_keys_only() {
+        let body = br#"{"model":"m","user":"  team-a ","tools":[{"type":"function"}],"documents":["secret text"],"messages":[]}"#;
+        let fields = ["documents".to_string(), "files".to_string()];
+        let r = request_info_with(body, &fields);
+        assert_eq!(r.user.as_deref(), Some("team-a"));
+        assert!(r.tools_offered);
+        assert_eq!(r.json_fields, vec!["documents".to_string()]);
+        let r = request_info_with(br#"{"tools":[],"user":7}"#, &fields);
+        assert!(!r.tools_offered, "an empty tools list offers nothing");
+        assert_eq!(r.user, None, "a user that is not a string is absent");
+        assert!(request_info_with(br#"{"functions":[{}]}"#, &[]).tools_offered);
+        let long = format!(r#"{{"user":"{}"}}"#, "u".repeat(10_000));
+        let r = request_info(long.as_bytes());
+        assert!(r.user.unwrap().len() <= crate::identity::caller::MAX_TENANT_BYTES);
     }
 
     #[test]

@@ -54,6 +54,8 @@ struct Choice<'a> {
 struct Choices<'a> {
     content: Content,
     parts: u32,
+    /// A choice called a tool (also when it carries answer text too).
+    tool_calls: bool,
     finish_reason: Option<Cow<'a, str>>,
 }
 
@@ -68,6 +70,9 @@ impl<'de: 'a, 'a> Deserialize<'de> for Choices<'a> {
             fn visit_seq<A: SeqAccess<'de>>(self, mut s: A) -> Result<Choices<'a>, A::Error> {
                 let mut out = Choices::default();
                 while let Some(ch) = s.next_element::<Choice<'a>>()? {
+                    out.tool_calls |= [&ch.delta, &ch.message]
+                        .iter()
+                        .any(|d| d.as_ref().is_some_and(|d| d.tool_calls.0));
                     let mut c = ch
                         .delta
                         .as_ref()
@@ -123,6 +128,7 @@ pub(super) fn interpret(format: Format, json: &[u8]) -> Option<EventInfo<'_>> {
     }
 
     if let Some(ch) = o.choices {
+        info.tool_calls = ch.tool_calls;
         if ch.content != Content::None {
             info.content = ch.content;
             info.content_parts = ch.parts;

@@ -4,10 +4,13 @@
 //! and responses; what differs is the `Head` type parsed out of it.
 //!
 //! Must not: keep more than `MAX_HEAD_BYTES + 1` bytes, or keep header
-//! values other than those the records need.
+//! values other than those the records need (the configured tenant
+//! headers and those request-type rules name, bounded; an API key only as
+//! its hash, computed here from the borrowed value).
 
 use super::chunked::Chunked;
-use crate::decode::MAX_HEAD_BYTES;
+use crate::decode::{IdentityConfig, MAX_HEAD_BYTES};
+use crate::identity::caller::{api_token, bounded_value};
 
 const MAX_HEADERS: usize = 96;
 
@@ -27,8 +30,9 @@ pub struct NotHttp;
 /// plus what the machine keeps of the headers.
 pub trait Head: Sized {
     /// `Ok(None)`: `buf` is not a complete head yet. `Ok(Some((head, n)))`:
-    /// the head is the first `n` bytes of `buf`.
-    fn parse(buf: &[u8]) -> Result<Option<(Self, usize)>, NotHttp>;
+    /// the head is the first `n` bytes of `buf`. `id` says which header
+    /// values a request keeps.
+    fn parse(buf: &[u8], id: &IdentityConfig) -> Result<Option<(Self, usize)>, NotHttp>;
 }
 
 pub struct RequestHead {
@@ -37,6 +41,13 @@ pub struct RequestHead {
     /// The value of the agent's own-traffic header, if present
     /// (`crate::selftraffic`).
     pub self_marker: Option<Vec<u8>>,
+    /// The first configured tenant header present (bounded).
+    pub tenant: Option<String>,
+    /// The API key's id (`identity::caller::ApiKeyHasher`); the key itself
+    /// is never kept.
+    pub api_key_id: Option<String>,
+    /// (lowercase name, bounded value) of headers request-type rules name.
+    pub rule_headers: Vec<(String, String)>,
     /// `None`: no body (neither Content-Length nor chunked).
     pub framing: Option<Framing>,
 }
@@ -51,7 +62,7 @@ pub struct ResponseHead {
 }
 
 impl Head for RequestHead {
-    fn parse(buf: &[u8]) -> Result<Option<(Self, usize)>, NotHttp> {
+    fn parse(buf: &[u8], id: &IdentityConfig) -> Result<Option<(Self, usize)>, NotHttp> {
         let mut hdrs = [httparse::EMPTY_HEADER; MAX_HEADERS];
         let mut req = httparse::Request::new(&mut hdrs);
         let n = match req.parse(buf) {
@@ -67,6 +78,25 @@ impl Head for RequestHead {
                 .iter()
                 .find(|h| h.name.eq_ignore_ascii_case(crate::selftraffic::HEADER))
                 .map(|h| h.value.to_vec()),
+            tenant: id
+                .caller
+                .tenant_headers
+                .iter()
+                .find_map(|n| header(req.headers, n).and_then(bounded_value)),
+            api_key_id: id
+                .caller
+                .api_keys
+                .as_ref()
+                .and_then(|k| api_token(|n| header(req.headers, n)).map(|t| k.id(t))),
+            rule_headers: id
+                .rule_headers
+                .iter()
+                .filter_map(|n| {
+                    header(req.headers, n)
+                        .and_then(bounded_value)
+                        .map(|v| (n.clone(), v))
+                })
+                .collect(),
             framing: framing_of(req.headers)?,
         };
         Ok(Some((head, n)))
@@ -74,7 +104,7 @@ impl Head for RequestHead {
 }
 
 impl Head for ResponseHead {
-    fn parse(buf: &[u8]) -> Result<Option<(Self, usize)>, NotHttp> {
+    fn parse(buf: &[u8], _: &IdentityConfig) -> Result<Option<(Self, usize)>, NotHttp> {
         let mut hdrs = [httparse::EMPTY_HEADER; MAX_HEADERS];
         let mut resp = httparse::Response::new(&mut hdrs);
         let n = match resp.parse(buf) {
@@ -125,6 +155,7 @@ impl HeadBuf {
         &mut self,
         data: &mut &[u8],
         ts: u64,
+        id: &IdentityConfig,
     ) -> Result<Option<(H, u64)>, NotHttp> {
         if self.buf.is_empty() {
             let skip = data
@@ -151,7 +182,7 @@ impl HeadBuf {
             *data = &data[take..];
             return Ok(None);
         }
-        match H::parse(&self.buf)? {
+        match H::parse(&self.buf, id)? {
             None => {
                 *data = &data[take..];
                 Ok(None)
@@ -176,7 +207,7 @@ fn has_head_end(buf: &[u8], from: usize) -> bool {
         || memchr::memmem::find(&buf[start..], b"\n\n").is_some()
 }
 
-fn header<'a>(headers: &'a [httparse::Header<'_>], name: &str) -> Option<&'a [u8]> {
+fn header<'a>(headers: &[httparse::Header<'a>], name: &str) -> Option<&'a [u8]> {
     headers
         .iter()
         .find(|h| h.name.eq_ignore_ascii_case(name))
@@ -228,7 +259,10 @@ mod tests {
         let mut h = HeadBuf::default();
         for (i, p) in pieces.iter().enumerate() {
             let mut data = *p;
-            if let Some(done) = h.feed::<H>(&mut data, i as u64 + 1).unwrap() {
+            if let Some(done) = h
+                .feed::<H>(&mut data, i as u64 + 1, &IdentityConfig::default())
+                .unwrap()
+            {
                 let rest = [&[data], &pieces[i + 1..]].concat().concat();
                 return (Some(done), rest);
             }
@@ -268,14 +302,76 @@ mod tests {
     fn bad_lengths_garbage_and_endless_heads_are_not_http() {
         let mut h = HeadBuf::default();
         let mut d: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n";
-        assert_eq!(h.feed::<ResponseHead>(&mut d, 1).err(), Some(NotHttp));
+        assert_eq!(
+            h.feed::<ResponseHead>(&mut d, 1, &IdentityConfig::default())
+                .err(),
+            Some(NotHttp)
+        );
         let mut h = HeadBuf::default();
         let mut d: &[u8] = b"\x16\x03\x01 hello\r\n\r\n";
-        assert_eq!(h.feed::<RequestHead>(&mut d, 1).err(), Some(NotHttp));
+        assert_eq!(
+            h.feed::<RequestHead>(&mut d, 1, &IdentityConfig::default())
+                .err(),
+            Some(NotHttp)
+        );
         let mut h = HeadBuf::default();
         let big = vec![b'a'; MAX_HEAD_BYTES + 10];
         let mut d: &[u8] = &big;
-        assert_eq!(h.feed::<RequestHead>(&mut d, 1).err(), Some(NotHttp));
+        assert_eq!(
+            h.feed::<RequestHead>(&mut d, 1, &IdentityConfig::default())
+                .err(),
+            Some(NotHttp)
+        );
         assert!(h.buffered() <= 2 * MAX_HEAD_BYTES);
+    }
+
+    #[test]
+    fn only_configured_identity_headers_are_kept_and_the_api_key_only_as_its_id() {
+        use crate::identity::{
+            caller::{ApiKeyHasher, CallerConfig},
+            request_type::Rules,
+        };
+        let rules =
+            Rules::parse("[[request_type]]\nname = \"summ\"\nheader = \"X-Task=summarize\"\n")
+                .unwrap();
+        let hasher = ApiKeyHasher::new(b"k").unwrap();
+        let id = IdentityConfig::new(
+            CallerConfig::new(
+                &["X-Org".to_string(), "X-Tenant-ID".to_string()],
+                Some(hasher.clone()),
+            ),
+            rules,
+        );
+        let req = b"POST /v1/chat/completions HTTP/1.1\r\nx-tenant-id: t-2\r\nX-ORG:  org-1 \r\nAuthorization: Bearer sk-secret-123\r\nX-Task: summarize\r\nCookie: session=abc\r\nContent-Length: 2\r\n\r\n{}";
+        let mut h = HeadBuf::default();
+        let mut d: &[u8] = req;
+        let (head, _) = h.feed::<RequestHead>(&mut d, 1, &id).unwrap().unwrap();
+        assert_eq!(
+            head.tenant.as_deref(),
+            Some("org-1"),
+            "first configured header wins"
+        );
+        assert_eq!(head.api_key_id, Some(hasher.id(b"sk-secret-123")));
+        assert_eq!(
+            head.rule_headers,
+            vec![("x-task".to_string(), "summarize".to_string())]
+        );
+        // An empty first header falls through to the next one.
+        let req2 = b"GET / HTTP/1.1\r\nX-Org: \r\nX-Tenant-ID: t-2\r\n\r\n";
+        let mut h = HeadBuf::default();
+        let mut d: &[u8] = req2;
+        let (head, _) = h.feed::<RequestHead>(&mut d, 1, &id).unwrap().unwrap();
+        assert_eq!(head.tenant.as_deref(), Some("t-2"));
+        assert_eq!(head.api_key_id, None);
+        // Nothing configured: nothing kept.
+        let mut h = HeadBuf::default();
+        let mut d: &[u8] = req;
+        let (head, _) = h
+            .feed::<RequestHead>(&mut d, 1, &IdentityConfig::default())
+            .unwrap()
+            .unwrap();
+        assert_eq!(head.tenant, None);
+        assert_eq!(head.api_key_id, None);
+        assert!(head.rule_headers.is_empty());
     }
 }

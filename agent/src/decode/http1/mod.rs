@@ -17,7 +17,7 @@ use std::collections::VecDeque;
 use self::head::{looks_like_request, Framing, HeadBuf, NotHttp, RequestHead, ResponseHead};
 use super::{
     body::Body,
-    engines::{provider_from_server_header, request_info},
+    engines::{provider_from_server_header, request_info_with},
     exchange::Exchange,
     ConnInfo, Flow, Out, Piece, MAX_PIPELINE, MAX_REQUEST_BODY,
 };
@@ -154,7 +154,7 @@ impl Http1Conn {
         let missing = (p.ret as u64).saturating_sub(p.data.len() as u64);
         let step = if is_request {
             self.request_bytes(conn, out, p.ts_ns, p.data)
-                .and_then(|()| self.request_gap(missing))
+                .and_then(|()| self.request_gap(missing, &out.identity.rule_fields))
                 .map(|()| Flow::Continue)
         } else {
             self.response_bytes(out, p.ts_ns, p.data)
@@ -226,7 +226,8 @@ impl Http1Conn {
         while !data.is_empty() {
             match &mut self.req {
                 ReqState::Head(h) => {
-                    let Some((head, t0)) = h.feed::<RequestHead>(&mut data, ts)? else {
+                    let Some((head, t0)) = h.feed::<RequestHead>(&mut data, ts, out.identity)?
+                    else {
                         continue;
                     };
                     if self.queue.len() >= MAX_PIPELINE {
@@ -243,6 +244,12 @@ impl Http1Conn {
                         t0,
                     );
                     x.self_request = out.is_self(head.self_marker.as_deref());
+                    x.tenant_header = head.tenant;
+                    x.api_key_id = head.api_key_id;
+                    x.rule_headers = head.rule_headers;
+                    if !out.identity.types.is_empty() {
+                        x.types = Some(out.identity.types.clone());
+                    }
                     if head.method == "HEAD" {
                         self.heads.push(seq);
                     }
@@ -256,7 +263,7 @@ impl Http1Conn {
                         buf: Vec::new(),
                     };
                     if complete {
-                        self.request_done();
+                        self.request_done(&out.identity.rule_fields);
                     }
                 }
                 ReqState::Body { framing, buf, .. } => {
@@ -282,7 +289,7 @@ impl Http1Conn {
                     };
                     data = &data[used..];
                     if done {
-                        self.request_done();
+                        self.request_done(&out.identity.rule_fields);
                     }
                 }
             }
@@ -291,7 +298,7 @@ impl Http1Conn {
     }
 
     /// Capture dropped `missing` request bytes at the end of the last call.
-    fn request_gap(&mut self, missing: u64) -> Result<(), NotHttp> {
+    fn request_gap(&mut self, missing: u64, fields: &[String]) -> Result<(), NotHttp> {
         if missing == 0 {
             return Ok(());
         }
@@ -304,7 +311,7 @@ impl Http1Conn {
                 *left -= missing;
                 *complete = false; // the body JSON is incomplete
                 if *left == 0 {
-                    self.request_done();
+                    self.request_done(fields);
                 }
                 Ok(())
             }
@@ -324,13 +331,14 @@ impl Http1Conn {
         }
     }
 
-    /// The request body is complete: read what it says, expect the next head.
-    fn request_done(&mut self) {
+    /// The request body is complete: read what it says (and which of the
+    /// body keys `fields` it has), expect the next head.
+    fn request_done(&mut self, fields: &[String]) {
         let state = std::mem::replace(&mut self.req, ReqState::Head(HeadBuf::default()));
         if let ReqState::Body { seq, buf, .. } = state {
             if let Some(x) = self.queue.iter_mut().find(|x| x.seq == seq) {
                 if !buf.is_empty() {
-                    x.request = request_info(&buf);
+                    x.request = request_info_with(&buf, fields);
                 }
             }
         }
@@ -349,7 +357,8 @@ impl Http1Conn {
         while !data.is_empty() {
             match &mut self.resp {
                 RespState::Head(h) => {
-                    let Some((head, _)) = h.feed::<ResponseHead>(&mut data, ts)? else {
+                    let Some((head, _)) = h.feed::<ResponseHead>(&mut data, ts, out.identity)?
+                    else {
                         continue;
                     };
                     if head.status == 101 {
