@@ -1,7 +1,7 @@
 //! OTLP instruments that tie GPUs to engines (the device-level `hw.*`
 //! instruments are the sampler's): the engine → GPU map as an info gauge,
 //! GPU memory per process (named with its engine when it belongs to one),
-//! energy per output token per engine and model over the last interval,
+//! energy per output token per engine and model since the previous export,
 //! and idle energy per device. GPU UUIDs never go on request histograms.
 //!
 //! Owns: these instruments' names, units and attributes. Must not: block
@@ -90,9 +90,9 @@ pub fn register(meter: &Meter, view: SharedView, names: EngineNames) {
             "GPU energy of an engine's requests per output token, over the last sampling interval",
         )
         .with_callback(move |o| {
-            let v = v.lock().unwrap_or_else(|p| p.into_inner());
+            let mut v = v.lock().unwrap_or_else(|p| p.into_inner());
             let n = n.lock().unwrap_or_else(|p| p.into_inner());
-            for (pid, (tokens, joules)) in &v.energy_last_interval {
+            for (pid, (tokens, joules)) in std::mem::take(&mut v.energy_since_collect).iter() {
                 if *tokens <= 0.0 {
                     continue;
                 }

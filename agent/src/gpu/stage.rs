@@ -36,8 +36,10 @@ pub struct GpuView {
     pub engines: HashMap<u32, EngineGpus>,
     /// Idle energy per device UUID since start, joules (a counter).
     pub idle_energy_j: HashMap<String, f64>,
-    /// Per engine pid: (output tokens, joules) over the last interval.
-    pub energy_last_interval: HashMap<u32, (f64, f64)>,
+    /// Per engine pid: (output tokens, joules) of its requests since the
+    /// metrics were last collected (the collector's callback takes and
+    /// resets it, so energy per token is over the export interval).
+    pub energy_since_collect: HashMap<u32, (f64, f64)>,
 }
 
 pub type SharedView = Arc<Mutex<GpuView>>;
@@ -209,7 +211,11 @@ impl GpuStage {
         for (uuid, j) in idle {
             *v.idle_energy_j.entry(uuid).or_default() += j;
         }
-        v.energy_last_interval = energy_last;
+        for (pid, (tokens, joules)) in energy_last {
+            let e = v.energy_since_collect.entry(pid).or_default();
+            e.0 += tokens;
+            e.1 += joules;
+        }
     }
 
     /// Releases records held longer than [`MAX_HOLD`] (no sample came).
@@ -254,7 +260,7 @@ impl GpuStage {
         let mut v = self.view.lock().unwrap_or_else(|p| p.into_inner());
         v.engines.clear();
         v.latest = None;
-        v.energy_last_interval.clear();
+        v.energy_since_collect.clear();
     }
 
     /// Everything held, at shutdown.
@@ -377,7 +383,8 @@ mod tests {
         assert!((u - (0.8 * 0.5 + 0.5 * 1.0) / 1.3).abs() < 1e-6, "{u}");
         let v = view.lock().unwrap();
         assert_eq!(v.idle_energy_j["GPU-0"], 100.0);
-        assert_eq!(v.energy_last_interval[&7], (20.0, 200.0));
+        // (1, 2]: 30 tokens, 300 J; (2, 3]: 20 tokens, 200 J.
+        assert_eq!(v.energy_since_collect[&7], (50.0, 500.0));
     }
 
     #[test]
