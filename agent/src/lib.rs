@@ -15,6 +15,7 @@ pub mod enginemetrics;
 pub mod event;
 pub mod gpu;
 pub mod identity;
+pub mod kubemeta;
 pub mod metrics;
 pub mod pipeline;
 pub mod record;

@@ -50,7 +50,7 @@ enum Cmd {
     ///
     /// Example: tokentap run --port 8000 --requests-log requests.jsonl --otlp-endpoint http://127.0.0.1:4317
     #[command(after_help = EBPF_ENV_HELP)]
-    Run(RunFlags),
+    Run(Box<RunFlags>),
     /// Record the raw socket traffic of processes to a capture file.
     ///
     /// The file is JSON Lines, one socket event per line (open, data,

@@ -629,6 +629,14 @@ impl Metrics {
             if let Some(uid) = &r.k8s_pod_uid {
                 extra.push(KeyValue::new("k8s.pod.uid", uid.clone()));
             }
+            // --kube-metadata: names known when the container's first
+            // request is recorded (a resource cannot change afterwards).
+            if let Some(n) = &r.k8s_pod_name {
+                extra.push(KeyValue::new("k8s.pod.name", n.clone()));
+            }
+            if let Some(n) = &r.k8s_namespace {
+                extra.push(KeyValue::new("k8s.namespace.name", n.clone()));
+            }
             match build_provider(&self.cfg, &self.health, &extra) {
                 Ok(p) => {
                     let ri = RequestInstruments::new(&p.meter("tokentap"));

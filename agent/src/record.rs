@@ -22,13 +22,19 @@ pub struct RequestRecord {
     pub container_id: Option<String>,
     /// `k8s.pod.uid` of the engine's pod, from its cgroup path.
     pub k8s_pod_uid: Option<String>,
+    /// The engine pod's name and namespace, from the Kubernetes API with
+    /// `--kube-metadata`; null without it, or until the API has answered.
+    pub k8s_pod_name: Option<String>,
+    pub k8s_namespace: Option<String>,
     pub server_port: Option<u16>,
     pub client: Option<String>,
     /// Who the request is for: the first configured tenant header present
     /// (`--tenant-header`), else the body's OpenAI `user` field; at most
     /// 128 bytes (longer values end with `…`).
     pub tenant: Option<String>,
-    /// The peer's IP address (`client` without its port).
+    /// The peer's IP address (`client` without its port); with
+    /// `--kube-metadata`, the calling pod's `namespace/name` when the peer
+    /// is a pod of the cluster.
     pub caller: Option<String>,
     /// The first 12 hex digits of HMAC-SHA256(install key, API key) of the
     /// bearer token or `api-key` / `x-api-key` header; never the key.

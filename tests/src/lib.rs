@@ -17,6 +17,8 @@ use std::{
 
 use serde_json::Value;
 
+pub mod cgroups;
+pub mod fakekube;
 pub mod fakenvml;
 pub mod http;
 pub mod otlp;

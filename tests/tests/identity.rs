@@ -6,79 +6,24 @@
 //! and `k8s.pod.uid` (what a Collector's `k8sattributes` processor
 //! associates on), while the agent's own metrics keep the agent's resource.
 
-use std::{
-    net::TcpStream,
-    path::{Path, PathBuf},
-    process::Command,
-    time::Duration,
-};
+use std::{net::TcpStream, path::Path, process::Command, time::Duration};
 
 use opentelemetry_proto::tonic::{
     collector::metrics::v1::ExportMetricsServiceRequest, common::v1::any_value::Value as Any,
 };
 use serde_json::json;
 use tokentap_tests::{
-    assert_root, http, interrupt, otlp::start_receiver, read_jsonl, scratch_dir, start,
-    start_simengine, tokentap_bin,
+    assert_root,
+    cgroups::{v1_root, v2_root, Cgroups},
+    http, interrupt,
+    otlp::start_receiver,
+    read_jsonl, scratch_dir, start, start_simengine, tokentap_bin,
 };
 
 const ID_V2: &str = "a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8f90";
 const POD_V2: &str = "0c1d2e3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f";
 const ID_V1: &str = "ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100";
 const POD_V1: &str = "9f8e7d6c-5b4a-4938-8271-605f4e3d2c1b";
-
-/// Cgroup directories made for the test, removed (deepest first) on drop,
-/// after moving their processes back to the hierarchy's root.
-struct Cgroups(Vec<(PathBuf, PathBuf)>); // (root of the hierarchy, leaf)
-
-impl Cgroups {
-    /// Creates `rel` under `root` and moves `pid` into it.
-    fn put(&mut self, root: &Path, rel: &str, pid: u32) {
-        let leaf = root.join(rel);
-        std::fs::create_dir_all(&leaf).unwrap_or_else(|e| panic!("mkdir {}: {e}", leaf.display()));
-        self.0.push((root.to_path_buf(), leaf.clone()));
-        let procs = if leaf.join("cgroup.procs").exists() {
-            leaf.join("cgroup.procs")
-        } else {
-            leaf.join("tasks")
-        };
-        std::fs::write(&procs, pid.to_string())
-            .unwrap_or_else(|e| panic!("moving {pid} into {}: {e}", leaf.display()));
-    }
-}
-
-impl Drop for Cgroups {
-    fn drop(&mut self) {
-        for (root, leaf) in self.0.drain(..).rev() {
-            if let Ok(pids) = std::fs::read_to_string(leaf.join("cgroup.procs")) {
-                for p in pids.lines() {
-                    let _ = std::fs::write(root.join("cgroup.procs"), p);
-                }
-            }
-            let mut d = leaf.as_path();
-            while d != root {
-                if std::fs::remove_dir(d).is_err() {
-                    break;
-                }
-                d = d.parent().unwrap();
-            }
-        }
-    }
-}
-
-/// The cgroup v2 mount (pure v2, or the `unified` one of a hybrid layout).
-fn v2_root() -> Option<PathBuf> {
-    ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
-        .into_iter()
-        .map(PathBuf::from)
-        .find(|p| p.join("cgroup.controllers").exists())
-}
-
-/// A cgroup v1 hierarchy (the pids controller), when the machine has one.
-fn v1_root() -> Option<PathBuf> {
-    let p = PathBuf::from("/sys/fs/cgroup/pids");
-    p.join("tasks").exists().then_some(p)
-}
 
 fn resource_of(
     exports: &[ExportMetricsServiceRequest],

@@ -257,6 +257,8 @@ impl Exchange {
             pid: self.pid,
             container_id: None,
             k8s_pod_uid: None,
+            k8s_pod_name: None,
+            k8s_namespace: None,
             server_port: self.server_port,
             client: self.client,
             tenant: self.tenant_header.or(self.request.user),

@@ -5,7 +5,10 @@
 //!
 //! Owns: the counters. Must not: know who exports them.
 
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::sync::{
+    atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::Relaxed},
+    Mutex,
+};
 
 use serde::Serialize;
 
@@ -33,6 +36,13 @@ pub struct Health {
     pub self_requests: AtomicU64,
     /// Engine /metrics scrapes that failed (timeouts, refused, errors).
     pub scrape_failures: AtomicU64,
+    /// Milliseconds since the agent started, at the main loop's last pass
+    /// (`/healthz`).
+    pub heartbeat_ms: AtomicU64,
+    /// The eBPF programs are attached (`/readyz`).
+    pub attached: AtomicBool,
+    /// Why the agent is not ready (shown by `/readyz` with its 503).
+    pub not_ready: Mutex<String>,
 }
 
 /// A plain copy of [`Health`] (for the console and the shutdown line).
@@ -51,6 +61,27 @@ pub struct HealthSnapshot {
 }
 
 impl Health {
+    /// The main loop is alive (called at every pass and tick).
+    pub fn beat(&self) {
+        self.heartbeat_ms
+            .store(super::healthz::uptime_ms(), Relaxed);
+    }
+
+    /// Ready, or not ready and why.
+    pub fn set_ready(&self, ready: Result<(), String>) {
+        let mut why = self.not_ready.lock().unwrap_or_else(|p| p.into_inner());
+        match ready {
+            Ok(()) => {
+                why.clear();
+                self.attached.store(true, Relaxed);
+            }
+            Err(e) => {
+                *why = e;
+                self.attached.store(false, Relaxed);
+            }
+        }
+    }
+
     /// Publishes what capture and decoding report now.
     pub fn publish(&self, capture: Option<&CaptureStats>, decode: &DecodeStats, in_flight: usize) {
         match capture {

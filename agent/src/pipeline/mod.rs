@@ -21,6 +21,7 @@
 
 pub mod enrich;
 pub mod health;
+pub mod healthz;
 pub mod plan;
 pub mod run;
 pub mod targets;
@@ -248,6 +249,7 @@ impl Pipeline {
 
     /// Publishes health and lets every sink do its periodic work.
     pub fn tick(&mut self, capture: Option<&CaptureStats>) -> Result<()> {
+        self.health.beat();
         self.health
             .publish(capture, &self.decoder.stats, self.decoder.in_flight());
         let snap = self.health.snapshot();

@@ -109,6 +109,26 @@ pub struct RunFlags {
     /// The NVML library to load (default: the system's libnvidia-ml.so.1).
     #[arg(long, value_name = "PATH", env = "TOKENTAP_NVML_LIBRARY")]
     pub nvml_library: Option<PathBuf>,
+    /// Name pods from the Kubernetes API: the engine's pod name and
+    /// namespace on each request (`k8s_pod_name`, `k8s_namespace`), the
+    /// calling pod's `namespace/name` as `caller`, and a pod label
+    /// `tokentap.io/model-version` as the model version. Watches only this
+    /// node's pods (get/list/watch on pods; in-cluster service account or
+    /// KUBECONFIG). Off by default: a Collector's `k8sattributes` processor
+    /// does the same from `k8s.pod.uid` (docs/deploy.md)
+    #[arg(long)]
+    pub kube_metadata: bool,
+    /// This node's name, for --kube-metadata (in a DaemonSet: NODE_NAME
+    /// from the downward API, `spec.nodeName`)
+    #[arg(long, value_name = "NAME", env = "NODE_NAME")]
+    pub kube_node: Option<String>,
+    /// Serve `GET /healthz` (200 while the agent's loop runs) and
+    /// `GET /readyz` (200 once the eBPF programs are attached; 503 with the
+    /// reason before, or when attaching failed: the agent then keeps
+    /// running and retries, so a node whose kernel refuses the programs
+    /// shows as not ready instead of exiting in a loop). E.g. 0.0.0.0:9477
+    #[arg(long, value_name = "HOST:PORT")]
+    pub health_addr: Option<std::net::SocketAddr>,
     #[command(flatten)]
     pub kernel: KernelFlags,
 }
@@ -191,6 +211,9 @@ pub struct RunPlan {
     /// export to carry the values).
     pub engine_metrics: Option<Duration>,
     pub identity: IdentityPlan,
+    /// `--kube-metadata`: this node's name.
+    pub kube_node: Option<String>,
+    pub health_addr: Option<std::net::SocketAddr>,
 }
 
 /// Tenant, API-key id and request-type settings (read and checked by the
@@ -330,12 +353,24 @@ pub fn resolve(f: &RunFlags, env: &dyn Env) -> Result<RunPlan> {
             tenant_headers.push(n);
         }
     }
+    let kube_node = if f.kube_metadata {
+        match f.kube_node.as_deref().map(str::trim) {
+            Some(n) if !n.is_empty() => Some(n.to_string()),
+            _ => bail!(
+                "--kube-metadata needs this node's name: set NODE_NAME (downward API: fieldRef spec.nodeName) or --kube-node"
+            ),
+        }
+    } else {
+        None
+    };
     let identity = IdentityPlan {
         tenant_headers,
         api_key_salt_file: f.api_key_salt_file.clone(),
         rules_file: f.config.clone(),
     };
     Ok(RunPlan {
+        kube_node,
+        health_addr: f.health_addr,
         identity,
         gpu,
         engine_metrics,
@@ -512,6 +547,35 @@ mod tests {
         std::fs::write(&f, "request-typo = 1\n").unwrap();
         let err = merge_config_file(&args, &run_option_names()).unwrap_err();
         assert!(format!("{err:#}").contains("unknown option `request-typo`"));
+    }
+
+    #[test]
+    fn kube_metadata_needs_the_node_name_and_probes_are_off_by_default() {
+        let p = resolve(&flags(&[]), &env(&[], false)).unwrap();
+        assert_eq!((p.kube_node, p.health_addr), (None, None));
+        let e = resolve(
+            &flags(&["--kube-metadata", "--kube-node", " "]),
+            &env(&[], false),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("NODE_NAME"), "{e}");
+        let p = resolve(
+            &flags(&[
+                "--kube-metadata",
+                "--kube-node",
+                "gpu-7",
+                "--health-addr",
+                "0.0.0.0:9477",
+            ]),
+            &env(&[], false),
+        )
+        .unwrap();
+        assert_eq!(p.kube_node.as_deref(), Some("gpu-7"));
+        assert_eq!(p.health_addr, Some("0.0.0.0:9477".parse().unwrap()));
+        // A node name alone turns nothing on.
+        let p = resolve(&flags(&["--kube-node", "gpu-7"]), &env(&[], false)).unwrap();
+        assert_eq!(p.kube_node, None);
     }
 
     #[test]

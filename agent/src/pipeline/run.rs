@@ -31,6 +31,7 @@ use crate::{
         caller::{load_key, ApiKeyHasher, CallerConfig, INSTALL_KEY_PATH},
         request_type::Rules,
     },
+    kubemeta::{KubeMeta, KubePods},
     metrics::{Extras, Metrics},
     record::RequestLog,
     source::EventSource,
@@ -83,11 +84,20 @@ pub fn identity(plan: &IdentityPlan, install_key: &Path) -> Result<IdentityConfi
 pub async fn run(plan: RunPlan) -> Result<()> {
     let id = identity(&plan.identity, Path::new(INSTALL_KEY_PATH))?;
     let health = Arc::new(Health::default());
+    if let Some(addr) = plan.health_addr {
+        super::healthz::serve(addr, health.clone()).await?;
+    }
     let mut pipe = Pipeline::new(health.clone())
         .identity(id)
         .enricher(EngineName)
         .enricher(Container)
         .enricher(ModelVersion);
+    if let Some(node) = &plan.kube_node {
+        // After ModelVersion: a pod's model-version label overrides it.
+        let km = KubeMeta::start(node).await?;
+        eprintln!("tokentap: naming pods from the Kubernetes API (pods on node {node})");
+        pipe = pipe.enricher(KubePods(km));
+    }
     // Sinks are built before capture starts, so a bad path or endpoint
     // fails before anything is attached.
     if let Some(p) = &plan.requests_log {
@@ -133,7 +143,22 @@ pub async fn run(plan: RunPlan) -> Result<()> {
         pipe = pipe.sink(Box::new(Metrics::new(m, health.clone(), extras)?));
     }
 
-    let mut cap = Capture::start(&plan.capture)?;
+    let end = deadline(plan.duration);
+    tokio::pin!(end);
+    let stop = shutdown_signal();
+    tokio::pin!(stop);
+
+    let mut cap = match Capture::start(&plan.capture) {
+        Ok(c) => c,
+        // With probes, a kernel that refuses the programs leaves the agent
+        // running and not ready (the pod shows NotReady with the reason),
+        // retrying in case the node is fixed; without, it exits.
+        Err(e) if plan.health_addr.is_some() => {
+            attach_retrying(&plan, &health, e, &mut end, &mut stop).await?
+        }
+        Err(e) => return Err(e),
+    };
+    health.set_ready(Ok(()));
     let mut batch = Vec::new();
     cap.seed(&mut batch);
     let mut targeter = Targeter::new(plan.targeting.clone(), plan.capture.proc_root.clone());
@@ -144,15 +169,11 @@ pub async fn run(plan: RunPlan) -> Result<()> {
     let mut tasks: Vec<Box<dyn Task>> = vec![Box::new(targeter)];
     tasks.extend(side_tasks);
     let mut procs = Vec::new();
-
-    let end = deadline(plan.duration);
-    tokio::pin!(end);
-    let stop = shutdown_signal();
-    tokio::pin!(stop);
     let every = plan.console.as_ref().map_or(TICK, |c| c.every.min(TICK));
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
+        health.beat();
         pipe.events(&mut batch)?;
         tokio::select! {
             res = src.next_batch(&mut batch) => {
@@ -186,6 +207,55 @@ pub async fn run(plan: RunPlan) -> Result<()> {
         sum.decode
     );
     Ok(())
+}
+
+/// How often a refused attach is tried again.
+const ATTACH_RETRY: Duration = Duration::from_secs(30);
+
+/// Keeps trying to attach after `first` failed, answering probes (alive,
+/// not ready with the error). Told to stop first, it returns the last
+/// error, so the exit status says the agent never measured.
+async fn attach_retrying(
+    plan: &RunPlan,
+    health: &Health,
+    first: anyhow::Error,
+    end: &mut (impl std::future::Future<Output = ()> + Unpin),
+    stop: &mut (impl std::future::Future<Output = ()> + Unpin),
+) -> Result<Capture> {
+    let mut last = first;
+    let why = |e: &anyhow::Error| format!("{e:#}");
+    eprintln!(
+        "tokentap: {}; /readyz answers 503 and attaching is retried every {} s",
+        why(&last),
+        ATTACH_RETRY.as_secs()
+    );
+    health.set_ready(Err(why(&last)));
+    let mut beat = tokio::time::interval(Duration::from_secs(1));
+    let mut next = tokio::time::Instant::now() + ATTACH_RETRY;
+    loop {
+        tokio::select! {
+            _ = beat.tick() => {
+                health.beat();
+                if tokio::time::Instant::now() < next {
+                    continue;
+                }
+                next += ATTACH_RETRY;
+                match Capture::start(&plan.capture) {
+                    Ok(c) => {
+                        eprintln!("tokentap: eBPF programs attached");
+                        return Ok(c);
+                    }
+                    Err(e) => {
+                        health.set_ready(Err(why(&e)));
+                        last = e;
+                    }
+                }
+            }
+            _ = &mut *end => break,
+            _ = &mut *stop => break,
+        }
+    }
+    Err(last.context("stopped before the eBPF programs could be attached"))
 }
 
 fn run_tasks(
