@@ -649,7 +649,8 @@ def run_rotel(cfg: dict) -> str:
             with urllib.request.urlopen(req, timeout=5) as r:
                 if r.status != 200:
                     raise CheckFailed(f"rotel answered {r.status} to an OTLP/HTTP export")
-            # The batch timeout flushes it to the (debug-logging) exporter.
+            # Wait for Rotel's debug output of the export (bounded by the
+            # batch timeout from the config, plus slack).
             secs = float(re.fullmatch(r"(\d+(?:\.\d+)?)s", timeout).group(1))  # type: ignore[union-attr]
             deadline = time.monotonic() + secs + 10
             while time.monotonic() < deadline:
@@ -667,7 +668,7 @@ def run_rotel(cfg: dict) -> str:
             except subprocess.TimeoutExpired:
                 p.kill()
     version = subprocess.run([str(rotel), "--version"], capture_output=True, text=True).stdout.strip()
-    return f"{version}: OTLP gRPC+HTTP receivers up, batch {batch['send_batch_size']}/{timeout}, export with k8s.pod.uid accepted and flushed"
+    return f"{version}: OTLP gRPC+HTTP receivers up, batch {batch['send_batch_size']}/{timeout}, an export with k8s.pod.uid/container.id accepted (200) and in its debug output"
 
 
 def cross_check_kubectl(path: Path, rendered: list[dict]) -> str | None:
