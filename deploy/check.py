@@ -214,7 +214,7 @@ class Kustomize:
         rc = self.lib.pykustomize_build(str(path).encode(), opts.encode(), ctypes.byref(out))
         if rc != 0:
             err = self._take(self.lib.pykustomize_last_error(), free=False) or "unknown error"
-            raise CheckFailed(f"kustomize build {path.relative_to(path.anchor)} failed: {err}")
+            raise CheckFailed(f"kustomize build {path} failed: {err}")
         return self._take(out.value)
 
 
@@ -791,6 +791,7 @@ def _breakages() -> list[tuple[str, str, object, str]]:
         ("wrong type (schema)", ds, sub("maxUnavailable: 1", "maxUnavailable: [1]"), "maxUnavailable"),
         ("association by IP", col, sub("          - from: resource_attribute\n            name: k8s.pod.uid\n", "          - from: connection\n"), "pod_association must be"),
         ("undefined exporter", col, sub("exporters: [prometheus, otlp]", "exporters: [prometheus, otlp, debug]"), "exporter debug, which is not defined"),
+        ("kustomization names a missing file", "deploy/kubernetes/base/kustomization.yaml", sub("  - daemonset.yaml\n", "  - daemonset.yaml\n  - missing.yaml\n"), "kustomize build"),
         ("agent misses the Service", "deploy/kubernetes/base/config.toml", sub("http://tokentap-collector.tokentap.svc:4317", "http://otel-collector.tokentap.svc:4317"), "the collector Service is"),
     ]
 
