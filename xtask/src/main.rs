@@ -71,6 +71,23 @@ enum Cmd {
         #[arg(long, default_value_t = 20)]
         secs: u64,
     },
+    /// Build the agent's OCI image from scratch, pulling nothing from a
+    /// registry: the release agent (eBPF object embedded), the glibc pieces
+    /// it and NVML need, CA certificates (deploy/container/build-image.sh,
+    /// with buildah from Debian; installed first when missing, as root).
+    /// The image lands in the local containers-storage (podman sees it).
+    Image {
+        /// Image name and tag, e.g. registry.example.com/tokentap:0.1.0.
+        #[arg(long, default_value = "localhost/tokentap:dev")]
+        tag: String,
+        /// Push the built image to the registry its tag names (buildah
+        /// push; credentials from `buildah login` / REGISTRY_AUTH_FILE).
+        #[arg(long)]
+        push: bool,
+        /// Also write the image as an OCI archive to this file.
+        #[arg(long, value_name = "FILE")]
+        archive: Option<std::path::PathBuf>,
+    },
     /// Fuzz the request decoder (cargo fuzz, nightly) for SECS seconds.
     Fuzz {
         #[arg(long, default_value_t = 300)]
@@ -105,6 +122,7 @@ fn main() -> ExitCode {
         Cmd::Test { args } => testrun::test(args),
         Cmd::Peers => peers(),
         Cmd::Fuzz { secs } => fuzz::run(secs),
+        Cmd::Image { tag, push, archive } => image(&tag, push, archive.as_deref()),
         Cmd::GpuCheck { secs } => gpu_check(secs),
         Cmd::Demo { secs } => demo::run(secs),
         Cmd::Bench {
@@ -182,6 +200,52 @@ fn gpu_check(secs: u64) -> Result<()> {
         let _ = l.wait();
     }
     res
+}
+
+/// Installs podman, buildah and runc (Debian) and a containers set-up
+/// that never pulls (deploy/container/install-tools.sh; root).
+pub fn container_tools() -> Result<()> {
+    let script = util::root().join("deploy/container/install-tools.sh");
+    util::run(std::process::Command::new("bash").arg(script))
+}
+
+/// `cargo xtask image`: release agent, then the scratch image.
+pub fn image(tag: &str, push: bool, archive: Option<&std::path::Path>) -> Result<()> {
+    let tc = toolchain::ensure()?;
+    let obj = ebpf::build(&tc)?;
+    let mut cmd = util::cargo();
+    cmd.args(["build", "--release", "-p", "tokentap", "--bin", "tokentap"]);
+    cmd.env("TOKENTAP_EBPF_OBJ", &obj);
+    util::run(&mut cmd)?;
+    let have_buildah = std::process::Command::new("buildah")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        container_tools()?;
+    } else if !have_buildah {
+        anyhow::bail!(
+            "buildah is not installed: run `sudo cargo xtask image` once (it installs podman, buildah and runc from Debian), or install them yourself"
+        );
+    }
+    let mut b = std::process::Command::new("bash");
+    b.arg(util::root().join("deploy/container/build-image.sh"))
+        .arg("--binary")
+        .arg(util::root().join("target/release/tokentap"))
+        .args(["--tag", tag]);
+    if let Some(a) = archive {
+        b.arg("--archive").arg(a);
+    }
+    util::run(&mut b)?;
+    if push {
+        util::run(std::process::Command::new("buildah").args([
+            "push",
+            tag,
+            &format!("docker://{tag}"),
+        ]))?;
+    }
+    Ok(())
 }
 
 /// Installs the real peers (tests/peers/install.sh).

@@ -44,6 +44,11 @@ pub fn test(args: Vec<String>) -> Result<()> {
         );
     }
     build(false)?;
+    if root && selects_container_test(&args) {
+        // The container test runs the image exactly as `cargo xtask image`
+        // builds it.
+        crate::image(CONTAINER_TEST_IMAGE, false, None)?;
+    }
     let obj = ebpf::object_path();
     let cargo_test = || {
         let mut cmd = util::cargo();
@@ -108,6 +113,15 @@ fn split_args(args: &[String]) -> (&[String], &[String]) {
 }
 
 /// Whether a run with `args` may include the fidelity tests (which need
+/// Must match `TEST_IMAGE` in tests/tests/deploy.rs.
+const CONTAINER_TEST_IMAGE: &str = "localhost/tokentap:test";
+
+/// Whether the selection includes the container test (which needs the
+/// image built): the whole suite, or a selection naming tests/deploy.rs.
+fn selects_container_test(args: &[String]) -> bool {
+    args.is_empty() || args.iter().any(|a| a == "deploy")
+}
+
 /// the real peers installed): the whole suite, or a selection naming them.
 fn selects_peer_tests(args: &[String]) -> bool {
     // Test binaries that drive the real peers (llama.cpp, the openai SDK).

@@ -170,7 +170,7 @@ pub(super) fn load_object(ring_bytes: u32, max_conns: u32) -> Result<Ebpf> {
         .map_err(|e| anyhow::anyhow!(e))
         .context(
             "loading the eBPF object failed: tokentap needs root \
-             (or CAP_BPF + CAP_PERFMON) and a kernel with BTF and ring buffers (5.8+)",
+             (or CAP_BPF + CAP_PERFMON) and Linux 5.17+ (ring buffers, bpf_loop)",
         )
 }
 
