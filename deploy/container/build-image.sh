@@ -49,10 +49,11 @@ license=$(sed -n 's/^license = "\(.*\)"/\1/p' "$manifest")
 start_ns=$(date +%s%N)
 
 # --- the root filesystem -------------------------------------------------
-rootfs=$(mktemp -d /tmp/tokentap-rootfs.XXXXXX)
-trap 'rm -rf "$rootfs"' EXIT
+tmp=$(mktemp -d /tmp/tokentap-image.XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+rootfs=$tmp/rootfs
 multiarch=x86_64-linux-gnu
-mkdir -p "$rootfs"/{usr/lib/$multiarch,usr/lib64,etc/ssl/certs,tmp,var/lib/tokentap,var/tmp,run,proc,sys,dev}
+mkdir -p "$rootfs" "$rootfs"/{usr/lib/$multiarch,usr/lib64,etc/ssl/certs,tmp,var/lib/tokentap,var/tmp,run,proc,sys,dev}
 # Debian's merged /usr: /lib and /lib64 are links into /usr, so the loader
 # path baked into the binary (/lib64/ld-linux-x86-64.so.2) resolves, and the
 # NVIDIA container toolkit finds the usual directories to put NVML in.
@@ -103,18 +104,15 @@ buildah)
     fi
     ;;
 oci)
-    layout=$(mktemp -d /tmp/tokentap-oci.XXXXXX)
+    layout=$tmp/layout
     args=(--rootfs "$rootfs" --out "$layout" --ref "$tag" --entrypoint=/tokentap
         --cmd=run --cmd=--no-console --env=SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt)
     for l in "${labels[@]}"; do args+=("--label=$l"); done
     python3 "$here/oci_layout.py" "${args[@]}"
-    out=${archive:-$(mktemp -u /tmp/tokentap-oci.XXXXXX.tar)}
+    out=${archive:-$tmp/image.oci.tar}
     tar -C "$layout" -cf "$out" oci-layout index.json blobs
-    rm -rf "$layout"
+    # podman names the image after the index's ref.name annotation.
     podman load --quiet -i "$out" >/dev/null
-    # podman 4.3 names an oci-archive after its ref annotation only when it
-    # is a full name; tag explicitly so both methods end the same way.
-    [[ -n $archive ]] || rm -f "$out"
     ;;
 *)
     echo "build-image.sh: --method is buildah or oci" >&2
