@@ -69,7 +69,10 @@ for l in $libs /lib/$multiarch/libpthread.so.0 /lib/$multiarch/libdl.so.2 /lib/$
     cp -L "$l" "$rootfs/usr/lib/$multiarch/$(basename "$l")"
 done
 cp -L /etc/ssl/certs/ca-certificates.crt "$rootfs/etc/ssl/certs/ca-certificates.crt"
-install -m 0755 "$binary" "$rootfs/tokentap"
+# Debug info is not needed at run time (the embedded eBPF object, with its
+# BTF, is data and stays); symbols stay for readable panics.
+strip --strip-debug -o "$rootfs/tokentap" "$binary"
+chmod 0755 "$rootfs/tokentap"
 printf 'root:x:0:0:root:/:/tokentap\nnobody:x:65534:65534:nobody:/:/tokentap\n' > "$rootfs/etc/passwd"
 printf 'root:x:0:\nnogroup:x:65534:\n' > "$rootfs/etc/group"
 chmod 1777 "$rootfs/tmp" "$rootfs/var/tmp"

@@ -39,8 +39,14 @@ fn parse_socket_link(s: &str) -> Option<u64> {
 /// Socket inode → fd for every socket fd of `pid`.
 pub fn socket_fds(proc_root: &Path, pid: u32) -> HashMap<u64, i32> {
     let mut out = HashMap::new();
-    let Ok(dir) = fs::read_dir(proc_root.join(format!("{pid}/fd"))) else {
-        return out;
+    let dir = match fs::read_dir(proc_root.join(format!("{pid}/fd"))) {
+        Ok(d) => d,
+        Err(e) => {
+            if e.kind() == std::io::ErrorKind::PermissionDenied {
+                warn_fd_denied(pid);
+            }
+            return out;
+        }
     };
     for ent in dir.flatten() {
         let Some(fd) = ent.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
@@ -54,6 +60,17 @@ pub fn socket_fds(proc_root: &Path, pid: u32) -> HashMap<u64, i32> {
         }
     }
     out
+}
+
+/// Says once that another process's sockets cannot be read: without it,
+/// an agent short of privileges would report "found 0" and look healthy.
+fn warn_fd_denied(pid: u32) {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        eprintln!(
+            "tokentap: warning: cannot read /proc/{pid}/fd (permission denied): engines whose sockets cannot be read are not found or resolved. The agent needs CAP_SYS_PTRACE (engines holding capabilities it lacks) and CAP_DAC_READ_SEARCH (engines of another user); see docs/deploy.md. Said once"
+        );
+    }
 }
 
 /// TCP sockets (v4 and v6) in `pid`'s network namespace.
@@ -368,7 +385,12 @@ fn identity_of_path(path: &str) -> Option<ContainerIdentity> {
         // systemd driver: `<prefix>-<id>.scope`; cgroupfs: the bare id.
         let core = seg.strip_suffix(".scope").unwrap_or(seg);
         let candidate = core.rsplit('-').next().unwrap_or(core);
-        if is_id(candidate) && (core == candidate || seg.ends_with(".scope")) {
+        // podman with the cgroupfs manager: `libpod-<id>` with no suffix
+        // (its `libpod-conmon-<id>` is the monitor's, not the container's).
+        let runtime_prefix = core
+            .strip_suffix(candidate)
+            .is_some_and(|p| matches!(p, "libpod-" | "docker-" | "crio-" | "cri-containerd-"));
+        if is_id(candidate) && (core == candidate || seg.ends_with(".scope") || runtime_prefix) {
             id = Some(candidate.to_ascii_lowercase());
         }
         // Pod: `pod<uid>` (cgroupfs) or `kubepods-<qos>-pod<uid_>.slice`.
@@ -540,6 +562,8 @@ mod tests {
             (format!("0::/system.slice/docker-{id}.scope\n"), false),
             (format!("8:pids:/docker/{id}\n"), false),
             (format!("0::/machine.slice/libpod-{id}.scope/container\n"), false),
+            // podman, cgroupfs manager (v1 hierarchies)
+            (format!("12:pids:/libpod_parent/libpod-{id}\n0::/\n"), false),
         ] {
             assert_eq!(container_identity_of(&text), want(pod), "{text}");
         }

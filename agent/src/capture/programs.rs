@@ -232,9 +232,18 @@ fn attach_programs(
             .program_mut(name)
             .context("program vanished")?
             .try_into()?;
-        prog.load()
-            .map_err(|e| anyhow::anyhow!("{e:?}"))
-            .with_context(|| format!("the kernel verifier rejected {name}"))?;
+        if let Err(e) = prog.load() {
+            let text = format!("{e:?}");
+            // EPERM with an empty verifier log is a privilege refusal, not
+            // the verifier's judgement.
+            if text.contains("PermissionDenied") || text.contains("Operation not permitted") {
+                anyhow::bail!(
+                    "the kernel refused to load {name}: Operation not permitted — tracepoint programs need CAP_PERFMON (with CAP_BPF) or root ({text})"
+                );
+            }
+            return Err(anyhow::anyhow!(text))
+                .with_context(|| format!("the kernel verifier rejected {name}"));
+        }
         prog.attach(category, &tp)
             .with_context(|| format!("attaching {name} to {category}/{tp}"))?;
     }
