@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Checks tokentap's Prometheus rules and Grafana dashboard offline:
 #   bash deploy/prometheus/check.sh              # everything; exit 1 on any failure
-#   bash deploy/prometheus/check.sh --self-test  # also: lint.py catches each deliberate breakage
+#   bash deploy/prometheus/check.sh --self-test  # also: lint.py catches each deliberate breakage,
+#                                                # and each quiet test case fires once its alert is loosened
 #
 # 1. promtool (from Debian's `prometheus` package, 2.42.x on bookworm;
 #    downloaded with `apt-get download` and unpacked into
@@ -86,6 +87,8 @@ failed=0
 "$VENV/bin/python" "$HERE/lint.py" --query-rules "$work/queries.yaml" || failed=1
 if [[ "${1:-}" == "--self-test" ]]; then
     "$VENV/bin/python" "$HERE/lint.py" --self-test || failed=1
+    # Each quiet test case must fire once its alert is loosened.
+    "$VENV/bin/python" "$HERE/lint.py" --mutation-test "$PROMTOOL" || failed=1
 fi
 
 rule_files=("$HERE/alerts.yaml")

@@ -24,7 +24,7 @@ Collector's `prometheus` exporter writes them, and these checks:
 Must not: need a network, a Prometheus server or anything but Python 3 and
 PyYAML (check.sh provides a pinned one).
 
-Usage: lint.py [--query-rules FILE] [--self-test]
+Usage: lint.py [--query-rules FILE] [--self-test] [--mutation-test PROMTOOL]
 """
 
 from __future__ import annotations
@@ -610,13 +610,88 @@ def self_test() -> int:
     return 1 if failures else 0
 
 
+def loosenings(rule: dict) -> list[tuple[str, dict]]:
+    """Variants of an alert that fire more easily, one change each: every
+    threshold after `>`/`>=` divided by 10 (`> 0` becomes `>= 0`), every
+    `== 1` made `>= 0`, and `for` dropped."""
+    out = []
+    expr = rule["expr"]
+    for m in re.finditer(r"(>=|>|==)\s*([0-9.]+)", expr):
+        op, num = m.group(1), float(m.group(2))
+        if op == "==":
+            new = ">= 0"
+        elif num == 0:
+            new = ">= 0"
+        else:
+            new = f"{op} {num / 10:g}"
+        r = copy.deepcopy(rule)
+        r["expr"] = expr[:m.start()] + new + expr[m.end():]
+        out.append((f"{m.group(0).strip()} -> {new}", r))
+    if rule.get("for"):
+        r = copy.deepcopy(rule)
+        del r["for"]
+        out.append(("no for", r))
+    return out
+
+
+def mutation_test(promtool: str) -> int:
+    """Each quiet case of tests.yaml must be quiet *because of* a threshold
+    or a `for`: with the alert alone, the case passes, and some loosening
+    of the alert (loosenings()) makes it fire, so promtool fails it."""
+    import subprocess
+    import tempfile as tf
+
+    alerts = {r["alert"]: r for r in load_rules(PROM / "alerts.yaml")}
+    tests = yaml.safe_load((PROM / "tests.yaml").read_text())
+    cases = []
+    for t in tests["tests"]:
+        for c in t.get("alert_rule_test", []) or []:
+            if not c.get("exp_alerts"):
+                cases.append((t, c))
+    failures = 0
+    with tf.TemporaryDirectory() as d:
+        dd = Path(d)
+
+        def run(rule: dict, group: dict, case: dict) -> bool:
+            (dd / "rules.yaml").write_text(yaml.safe_dump({"groups": [{"name": "one", "rules": [rule]}]}, sort_keys=False))
+            one = {k: v for k, v in group.items() if k != "alert_rule_test" and k != "promql_expr_test"}
+            one["alert_rule_test"] = [case]
+            (dd / "tests.yaml").write_text(yaml.safe_dump({
+                "rule_files": ["rules.yaml"],
+                "evaluation_interval": tests.get("evaluation_interval", "1m"),
+                "tests": [one]}, sort_keys=False, allow_unicode=True))
+            r = subprocess.run([promtool, "test", "rules", str(dd / "tests.yaml")], capture_output=True, text=True)
+            return r.returncode == 0
+
+        for group, case in cases:
+            name = case["alertname"]
+            rule = alerts[name]
+            where = f"{group['name']!r} at {case['eval_time']}"
+            if not run(rule, group, case):
+                print(f"mutation: {name} {where}: fails with the alert as it is")
+                failures += 1
+                continue
+            killers = [what for what, r in loosenings(rule) if not run(r, group, case)]
+            if killers:
+                print(f"mutation: {name} {where}: quiet; fires when loosened ({'; '.join(killers)})")
+            else:
+                print(f"mutation: {name} {where}: still quiet with every loosening: the case tests nothing")
+                failures += 1
+    print(f"mutation: {len(cases)} quiet cases, {failures} without teeth")
+    return 1 if failures else 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--query-rules", type=Path, help="write the dashboard's and runbook's expressions as a rules file for promtool")
     ap.add_argument("--self-test", action="store_true")
+    ap.add_argument("--mutation-test", metavar="PROMTOOL",
+                    help="check that each quiet test case fires when its alert is loosened")
     args = ap.parse_args()
     if args.self_test:
         return self_test()
+    if args.mutation_test:
+        return mutation_test(args.mutation_test)
     errors, stats = run_checks(*load_all(), args.query_rules)
     for e in errors:
         print(f"lint: {e}")
