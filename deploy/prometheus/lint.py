@@ -8,11 +8,16 @@ Collector's `prometheus` exporter writes them, and these checks:
 
   * every metric an alert, recording rule, dashboard panel, dashboard
     annotation, template variable query or runbook query names is one the
-    agent exports (or a recording rule of recording.yaml);
+    agent exports (or a recording rule of recording.yaml), and every label
+    they name (matchers, grouping, legends, annotation templates) is one
+    that metric can carry (its attributes or a resource attribute), with
+    values the agent writes where it fixes them (error_type,
+    tokentap_request_type, gen_ai_token_type, tokentap_stream, hw_type);
   * every alert has a severity, a summary, a description and a
     `runbook_url` whose anchor is a heading of docs/runbook.md;
   * every alert has a promtool test case that fires it and one that must
-    not (tests.yaml);
+    not (tests.yaml), and the tests' input series pass the name, label and
+    value checks above;
   * the dashboard: valid JSON, schemaVersion >= 38, a Prometheus datasource
     variable every panel and annotation uses, the template variables model,
     model_version, request_type and tenant, every `$variable` used defined,
@@ -87,6 +92,105 @@ INSTRUMENTS: dict[str, tuple[str, str]] = {
     "tokentap.gpu.energy_per_output_token": ("gauge", "J/{token}"),
     "tokentap.gpu.idle_energy": ("counter", "J"),
 }
+
+# Attribute keys per instrument (OTel names; label = key with every
+# character outside [a-zA-Z0-9] made `_`). check_source() proves that each
+# key is set somewhere in agent/src (KeyValue::new); which instrument gets
+# which key is read from metrics.rs, gpu/instruments.rs and
+# gpu/engine_instruments.rs by hand.
+REQUEST_KEYS = {
+    "gen_ai.operation.name", "gen_ai.provider.name", "gen_ai.request.model",
+    "gen_ai.response.model", "tokentap.stream", "tokentap.tenant",
+    "tokentap.caller", "tokentap.request.type", "server.port",
+    "tokentap.model.version", "error.type",
+}
+DEVICE_KEYS = {"hw.id", "hw.name", "hw.vendor", "hw.parent"}
+ENGINE_KEYS = {"gen_ai.provider.name", "tokentap.engine.pid"}
+ATTRIBUTES: dict[str, set[str]] = {
+    "gen_ai.server.time_to_first_token": REQUEST_KEYS,
+    "gen_ai.server.time_per_output_token": REQUEST_KEYS,
+    "gen_ai.server.request.duration": REQUEST_KEYS,
+    "tokentap.server.time_per_output_chunk": REQUEST_KEYS,
+    "gen_ai.server.token.usage": REQUEST_KEYS | {"gen_ai.token.type"},
+    "tokentap.requests": REQUEST_KEYS,
+    "tokentap.engine.kv_cache.usage": ENGINE_KEYS | {"server.port"},
+    "tokentap.engine.requests.waiting": ENGINE_KEYS | {"server.port"},
+    "tokentap.engine.requests.running": ENGINE_KEYS | {"server.port"},
+    "hw.gpu.utilization": DEVICE_KEYS | {"hw.gpu.task"},
+    "hw.gpu.memory.utilization": DEVICE_KEYS,
+    "hw.power": DEVICE_KEYS | {"hw.type"},
+    "hw.temperature": DEVICE_KEYS | {"hw.type"},
+    "tokentap.gpu.memory_controller.utilization": DEVICE_KEYS,
+    "tokentap.gpu.throttled": DEVICE_KEYS | {"tokentap.gpu.throttle_reason"},
+    "tokentap.gpu.clock.sm": DEVICE_KEYS,
+    "hw.gpu.memory.usage": DEVICE_KEYS,
+    "hw.gpu.memory.limit": DEVICE_KEYS,
+    "hw.energy": DEVICE_KEYS | {"hw.type"},
+    "tokentap.engine.gpu": ENGINE_KEYS | {"hw.id"},
+    "tokentap.gpu.process.memory.usage": ENGINE_KEYS | {"hw.id", "process.pid"},
+    "tokentap.gpu.energy_per_output_token": ENGINE_KEYS | {"gen_ai.response.model"},
+    "tokentap.gpu.idle_energy": {"hw.id"},
+}
+# Resource attributes, labels on every series with the Collector's
+# resource_to_telemetry_conversion: the agent's (service.name, host.name,
+# k8s.node.name), an engine container's (container.id, k8s.pod.uid,
+# k8s.pod.name, k8s.namespace.name), what deploy/collector/config.yaml's
+# k8sattributes adds, and the scrape's own job and instance.
+RESOURCE_LABELS = {
+    "service_name", "host_name", "k8s_node_name", "container_id", "k8s_pod_uid",
+    "k8s_pod_name", "k8s_namespace_name", "k8s_deployment_name",
+    "k8s_statefulset_name", "k8s_daemonset_name", "k8s_container_name",
+    "container_image_name", "container_image_tag", "app", "model", "job",
+    "instance",
+}
+
+
+# Label values the rules and queries may match, for the labels whose
+# values the agent fixes. check_source() finds each as a string literal in
+# agent/src (error types in decode/, request types in identity/).
+LABEL_VALUES = {
+    "error_type": {"http_429", "http_4xx", "http_5xx", "upstream_reset", "stream_error",
+                   "client_disconnect", "truncated_capture", "decode_error",
+                   "unsupported_protocol"},
+    "tokentap_request_type": {"chat", "completion", "tool_call", "embedding", "batch", "unknown"},
+    "gen_ai_token_type": {"input", "output"},
+    "tokentap_stream": {"true", "false"},
+    "hw_type": {"gpu"},
+}
+
+
+def check_values(exprs: list[tuple[str, str]], errors: list[str]) -> int:
+    """Every literal alternative matched against a label of LABEL_VALUES is
+    one of its values (`.*`, `$var` and empty strings pass)."""
+    n = 0
+    for where, expr in exprs:
+        for m in re.finditer(r'\b(\w+)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"', expr):
+            label, value = m.group(1), m.group(3)
+            if label not in LABEL_VALUES:
+                continue
+            for alt in value.split("|"):
+                n += 1
+                if alt in ("", ".*", ".+") or "$" in alt:
+                    continue
+                if alt not in LABEL_VALUES[label]:
+                    errors.append(f"{where}: {label} never has the value {alt!r} (values: {sorted(LABEL_VALUES[label])})")
+    return n
+
+
+def label_name(key: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]", "_", key)
+
+
+def series_labels() -> dict[str, set[str]]:
+    """Prometheus series name -> the labels it can carry."""
+    out = {}
+    for series, otel in exported_series_names().items():
+        labels = {label_name(k) for k in ATTRIBUTES.get(otel, set())} | RESOURCE_LABELS
+        if series.endswith("_bucket"):
+            labels.add("le")
+        out[series] = labels
+    return out
+
 
 # Builder method word (or the helper closure that wraps it) -> kind.
 BUILDER_KINDS = {
@@ -196,6 +300,14 @@ def check_source(errors: list[str]) -> None:
             errors.append(f"source: {otel} is built as {got_kind!r} in {path.relative_to(REPO)}, the table says {kind!r}")
         if got_unit != unit:
             errors.append(f"source: {otel} has unit {got_unit!r} in {path.relative_to(REPO)}, the table says {unit!r}")
+    all_text = "\n".join(sources.values())
+    for label, values in LABEL_VALUES.items():
+        for v in sorted(values - {"true", "false", "unknown"}):
+            if f'"{v}"' not in all_text:
+                errors.append(f"source: {label} value {v!r} is written nowhere in agent/src (lint.py's LABEL_VALUES)")
+    for key in sorted(set().union(*ATTRIBUTES.values())):
+        if not re.search(r'KeyValue::new\(\s*"' + re.escape(key) + '"', all_text):
+            errors.append(f"source: attribute {key} is set nowhere in agent/src (lint.py's ATTRIBUTES)")
     for name, where in found.items():
         if name in INSTRUMENTS:
             continue
@@ -255,6 +367,40 @@ def metric_names(expr: str) -> set[str]:
             continue  # 1e3, 5m and the like
         names.add(word)
     return names
+
+
+def label_refs(expr: str) -> list[tuple[str | None, str]]:
+    """(metric or None, label) for every label an expression names: in a
+    selector's matchers (with the selector's metric) and in by, without,
+    on, ignoring, group_left and group_right clauses (None)."""
+    refs: list[tuple[str | None, str]] = []
+    e = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
+    for m in re.finditer(r"([A-Za-z_:][A-Za-z0-9_:]*)?\s*\{([^{}]*)\}", e):
+        for matcher in m.group(2).split(","):
+            lm = re.match(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)", matcher)
+            if lm:
+                refs.append((m.group(1), lm.group(1)))
+    for m in re.finditer(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\(([^()]*)\)", e):
+        for label in m.group(1).split(","):
+            if label.strip():
+                refs.append((None, label.strip()))
+    return refs
+
+
+def check_labels(exprs: list[tuple[str, str]], recorded: set[str], errors: list[str]) -> int:
+    per_series = series_labels()
+    anywhere = set().union(*per_series.values())
+    n = 0
+    for where, expr in exprs:
+        for metric, label in label_refs(expr):
+            n += 1
+            if metric in per_series:
+                if label not in per_series[metric]:
+                    errors.append(f"{where}: {metric} has no label {label}")
+            elif metric in recorded or metric is None:
+                if label not in anywhere:
+                    errors.append(f"{where}: no tokentap series has a label {label}")
+    return n
 
 
 def check_names(exprs: list[tuple[str, str]], known: set[str], errors: list[str]) -> int:
@@ -482,6 +628,23 @@ def check_dashboard(dash: dict, errors: list[str]) -> list[tuple[str, str]]:
     return exprs
 
 
+def label_templates(alerts: list[dict], dash: dict) -> list[tuple[str, set[str]]]:
+    """Labels named by alert annotation templates ($labels.X), dashboard
+    legends and annotation titles ({{X}}) and annotation tag keys."""
+    out = []
+    for r in alerts:
+        text = json.dumps(r.get("annotations", {}))
+        out.append((f"alert {r['alert']} annotations", set(re.findall(r"\$labels\.(\w+)", text))))
+    for p in walk_panels(dash.get("panels", [])):
+        for t in p.get("targets", []):
+            out.append((f"dashboard panel {p.get('title')!r} legend", set(re.findall(r"\{\{\s*(\w+)\s*\}\}", t.get("legendFormat", "")))))
+    for a in dash.get("annotations", {}).get("list", []):
+        names = set(re.findall(r"\{\{\s*(\w+)\s*\}\}", a.get("titleFormat", "") + a.get("textFormat", "")))
+        names |= {k.strip() for k in a.get("tagKeys", "").split(",") if k.strip()}
+        out.append((f"dashboard annotation {a.get('name')!r}", names))
+    return out
+
+
 def write_dashboard_rules(exprs: list[tuple[str, str]], path: Path) -> None:
     """One recording rule per query, so that `promtool check rules` parses
     each (the comment above each says where it came from)."""
@@ -512,7 +675,21 @@ def run_checks(alerts_doc, recording_doc, tests_doc, dash, dashboard_rules: Path
     book_exprs = runbook_exprs()
     if not book_exprs:
         errors.append("docs/runbook.md: no ```promql block found")
-    n_refs = check_names(exprs + dash_exprs + book_exprs, known, errors)
+    # The tests' input series must look like what the agent exports, too.
+    series = [
+        (f"tests.yaml {t['name']!r} series", i["series"])
+        for t in tests_doc.get("tests", [])
+        for i in t.get("input_series", []) or []
+    ]
+    every = exprs + dash_exprs + book_exprs + series
+    n_refs = check_names(every, known, errors)
+    n_labels = check_labels(every, {r["record"] for r in recording}, errors)
+    n_labels += check_values(every, errors)
+    anywhere = set().union(*series_labels().values())
+    for where, text in label_templates(alerts, dash):
+        for label in text:
+            if label not in anywhere:
+                errors.append(f"{where}: template names label {label}, which no tokentap series has")
     if dashboard_rules is not None:
         write_dashboard_rules(dash_exprs + book_exprs, dashboard_rules)
     stats = {
@@ -520,7 +697,9 @@ def run_checks(alerts_doc, recording_doc, tests_doc, dash, dashboard_rules: Path
         "recording rules": len(recording),
         "dashboard queries": len(dash_exprs),
         "runbook queries": len(book_exprs),
+        "test input series": len(series),
         "metric references checked": n_refs,
+        "label references checked": n_labels,
         "instruments": len(INSTRUMENTS),
     }
     return errors, stats
@@ -582,6 +761,24 @@ def self_test() -> int:
              lambda a, r, t, d: d.update(schemaVersion=30))
     breakage("a panel on a fixed datasource", "does not use ${datasource}",
              lambda a, r, t, d: next(p for p in walk_panels(d["panels"]) if p.get("targets")).update(datasource={"type": "prometheus", "uid": "prom1"}))
+    breakage("a misspelt label in an alert's selector", "has no label tokentap_request_typ",
+             lambda a, r, t, d: a["groups"][0]["rules"][0].update(expr=a["groups"][0]["rules"][0]["expr"].replace('tokentap_request_type!~', 'tokentap_request_typ!~', 1)))
+    breakage("a GPU label on a request metric", "has no label hw_id",
+             lambda a, r, t, d: a["groups"][0]["rules"][0].update(expr='rate(tokentap_requests_total{hw_id="x"}[5m]) > 0'))
+    breakage("a misspelt label in a grouping clause", "no tokentap series has a label tokentap_tennant",
+             lambda a, r, t, d: next(p for p in walk_panels(d["panels"]) if p.get("targets"))["targets"][0].update(expr='sum by (tokentap_tennant) (rate(tokentap_requests_total[5m]))'))
+    breakage("a misspelt label in a legend", "template names label gen_ai_request_modle",
+             lambda a, r, t, d: next(p for p in walk_panels(d["panels"]) if p.get("targets"))["targets"][0].update(legendFormat="{{gen_ai_request_modle}}"))
+    breakage("a misspelt label in an alert summary", "template names label tokentap_tennant",
+             lambda a, r, t, d: a["groups"][1]["rules"][3]["annotations"].update(summary="{{ $labels.tokentap_tennant }}"))
+    breakage("an error kind the agent never writes", "never has the value 'http_500'",
+             lambda a, r, t, d: a["groups"][1]["rules"][0].update(expr=a["groups"][1]["rules"][0]["expr"].replace('error_type="http_5xx"', 'error_type="http_500"')))
+    breakage("a misspelt request type", "never has the value 'embeding'",
+             lambda a, r, t, d: a["groups"][0]["rules"][0].update(expr=a["groups"][0]["rules"][0]["expr"].replace("tool_call|batch|embedding", "tool_call|batch|embeding")))
+    breakage("a test series with a label the metric lacks", "has no label hw_id",
+             lambda a, r, t, d: t["tests"][0]["input_series"][0].update(series='tokentap_requests_total{hw_id="GPU-1"}'))
+    breakage("an attribute the agent never sets", "is set nowhere in agent/src",
+             lambda a, r, t, d: ATTRIBUTES.update({"hw.gpu.utilization": DEVICE_KEYS | {"hw.gpu.mig_profile"}}))
     breakage("a table entry with a wrong unit", "has unit 's' in agent/src/metrics.rs, the table says 'ms'",
              lambda a, r, t, d: INSTRUMENTS.update({"gen_ai.server.time_to_first_token": ("histogram", "ms")}))
     breakage("a table entry with a wrong kind", "is built as 'counter' in agent/src/metrics.rs, the table says 'updown'",
@@ -591,12 +788,15 @@ def self_test() -> int:
     breakage("a table entry the agent does not build", "is not built anywhere",
              lambda a, r, t, d: INSTRUMENTS.update({"tokentap.server.queue_time": ("histogram", "s")}))
     saved = dict(INSTRUMENTS)
+    saved_attrs = dict(ATTRIBUTES)
     for what, expect, mutate in breakages:
         docs = copy.deepcopy(base)
         mutate(*docs)
         errors, _ = run_checks(*docs, None)
         INSTRUMENTS.clear()
         INSTRUMENTS.update(saved)
+        ATTRIBUTES.clear()
+        ATTRIBUTES.update(saved_attrs)
         if not any(expect in e for e in errors):
             print(f"self-test: NOT caught: {what} (expected an error containing {expect!r}; got {errors})")
             failures += 1
