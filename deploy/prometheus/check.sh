@@ -14,7 +14,8 @@
 #    rules file.
 # 3. promtool check rules: alerts.yaml, recording.yaml (if any), and every
 #    query of the dashboard and of docs/runbook.md's ```promql blocks.
-# 4. promtool test rules tests.yaml.
+# 4. promtool test rules tests.yaml, and a generated test in which every
+#    dashboard query must return data from series shaped like the agent's.
 #
 # Idempotent: the tools are fetched once (again only when the pins change).
 # Needs: apt-get and dpkg-deb (Debian), python3 with venv, Debian's package
@@ -84,7 +85,7 @@ work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
 failed=0
-"$VENV/bin/python" "$HERE/lint.py" --query-rules "$work/queries.yaml" || failed=1
+"$VENV/bin/python" "$HERE/lint.py" --query-rules "$work/queries.yaml" --smoke-test-dir "$work" || failed=1
 if [[ "${1:-}" == "--self-test" ]]; then
     "$VENV/bin/python" "$HERE/lint.py" --self-test || failed=1
     # Each quiet test case must fire once its alert is loosened.
@@ -98,6 +99,10 @@ rule_files=("$HERE/alerts.yaml")
 
 # promtool resolves rule_files relative to the test file's directory.
 "$PROMTOOL" test rules "$HERE/tests.yaml" || failed=1
+# Every dashboard query returns data from agent-shaped series.
+if [[ -f "$work/smoke-test.yaml" ]]; then
+    "$PROMTOOL" test rules "$work/smoke-test.yaml" || failed=1
+fi
 
 if [[ $failed -ne 0 ]]; then
     die "see above"

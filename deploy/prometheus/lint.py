@@ -24,12 +24,14 @@ Collector's `prometheus` exporter writes them, and these checks:
     unique panel ids, every runbook link's anchor a heading of the runbook;
   * it writes every dashboard expression (variables substituted) and every
     expression of the runbook's ```promql blocks into a rules file
-    (--query-rules FILE) for `promtool check rules` to parse.
+    (--query-rules FILE) for `promtool check rules` to parse;
+  * it writes a promtool test (--smoke-test-dir DIR) in which every
+    dashboard query must return data from series shaped like the agent's.
 
 Must not: need a network, a Prometheus server or anything but Python 3 and
 PyYAML (check.sh provides a pinned one).
 
-Usage: lint.py [--query-rules FILE] [--self-test] [--mutation-test PROMTOOL]
+Usage: lint.py [--query-rules FILE] [--smoke-test-dir DIR] [--self-test] [--mutation-test PROMTOOL]
 """
 
 from __future__ import annotations
@@ -881,10 +883,98 @@ def mutation_test(promtool: str) -> int:
     return 1 if failures else 0
 
 
+# Values of the synthetic series query_smoke_test() feeds the dashboard.
+SAMPLE_LABELS = {
+    "gen_ai_operation_name": "chat", "gen_ai_provider_name": "vllm",
+    "gen_ai_request_model": "llama-3-8b", "gen_ai_response_model": "llama-3-8b",
+    "tokentap_stream": "true", "tokentap_tenant": "acme", "tokentap_caller": "10.0.0.7",
+    "tokentap_request_type": "chat", "server_port": "8000", "hw_id": "GPU-1",
+    "hw_name": "NVIDIA H100 80GB HBM3", "hw_vendor": "nvidia", "hw_type": "gpu",
+    "hw_gpu_task": "general", "tokentap_gpu_throttle_reason": "sw_power_cap",
+    "tokentap_engine_pid": "4242", "process_pid": "4243",
+}
+
+
+def smoke_series() -> list[dict]:
+    """Three hours of agent-shaped series, one per exported series (GPU
+    labels on GPU metrics, request labels on request metrics, host_name on
+    all): counters and histograms grow every minute, gauges hold a value.
+    Model version A serves until 2 h, then version B; one series of
+    requests fails with http_5xx."""
+    out = []
+    for series, otel in exported_series_names().items():
+        kind, _ = INSTRUMENTS[otel]
+        keys = sorted(label_name(k) for k in ATTRIBUTES.get(otel, set()))
+        base = {k: SAMPLE_LABELS[k] for k in keys if k in SAMPLE_LABELS}
+        base["host_name"] = "node-a"
+        if otel in REQUEST_INSTRUMENT_NAMES:
+            variants = [
+                (dict(base, tokentap_model_version="aaaaaaaaaaaa"), "0+10x120 1200x60"),
+                (dict(base, tokentap_model_version="bbbbbbbbbbbb"), "_x120 0+10x60"),
+            ]
+            if otel == "tokentap.requests":
+                variants.append((dict(base, tokentap_model_version="bbbbbbbbbbbb", error_type="http_5xx"), "_x120 0+1x60"))
+            if otel == "gen_ai.server.token.usage":
+                variants = [(dict(l, gen_ai_token_type=t), v) for l, v in variants for t in ("input", "output")]
+        elif kind in ("counter", "histogram"):
+            variants = [(base, "0+10x180")]
+        else:
+            variants = [(base, "1x180")]
+        for labels, values in variants:
+            if series.endswith("_bucket"):
+                for le in ("0.1", "1", "+Inf"):
+                    out.append({"series": _series(series, dict(labels, le=le)), "values": values})
+            else:
+                out.append({"series": _series(series, labels), "values": values})
+    return out
+
+
+REQUEST_INSTRUMENT_NAMES = {o for o, keys in ATTRIBUTES.items() if keys is REQUEST_KEYS or "gen_ai.token.type" in keys}
+
+
+def _series(name: str, labels: dict) -> str:
+    return name + "{" + ", ".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
+
+
+def query_smoke_test(dash: dict, out_dir: Path) -> int:
+    """Writes a promtool test (out_dir/smoke-test.yaml) in which every
+    dashboard query, as `count(QUERY) > 0` in an alert, must return data
+    from smoke_series(): panels at 2 h 30 min, the "starts serving"
+    annotation just after version B took over, "stops serving" when A has
+    been idle 6 minutes. `offset 1d` reads `offset 1h` here (three hours of
+    data)."""
+    errors: list[str] = []
+    exprs = check_dashboard(dash, errors)
+    rules, cases = [], []
+    for i, (where, e) in enumerate(exprs):
+        e = e.replace("offset 1d", "offset 1h")
+        name = f"Query{i}"
+        rules.append({"alert": name, "expr": f"count({e}) > 0", "annotations": {"where": where}})
+        if "starts serving" in where:
+            at = "2h2m"
+        elif "stops serving" in where:
+            at = "2h7m"
+        else:
+            at = "2h30m"
+        cases.append({"eval_time": at, "alertname": name,
+                      "exp_alerts": [{"exp_labels": {}, "exp_annotations": {"where": where}}]})
+    (out_dir / "smoke-rules.yaml").write_text(yaml.safe_dump({"groups": [{"name": "dashboard-smoke", "rules": rules}]}, sort_keys=False, allow_unicode=True))
+    (out_dir / "smoke-test.yaml").write_text(yaml.safe_dump({
+        "rule_files": ["smoke-rules.yaml"],
+        "evaluation_interval": "1m",
+        "tests": [{"name": "every dashboard query returns data from agent-shaped series",
+                   "interval": "1m", "input_series": smoke_series(), "alert_rule_test": cases}],
+    }, sort_keys=False, allow_unicode=True))
+    print(f"lint: wrote a smoke test of {len(rules)} dashboard queries over {len(smoke_series())} series")
+    return len(rules)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--query-rules", type=Path, help="write the dashboard's and runbook's expressions as a rules file for promtool")
     ap.add_argument("--self-test", action="store_true")
+    ap.add_argument("--smoke-test-dir", type=Path, metavar="DIR",
+                    help="write a promtool test that every dashboard query returns data from agent-shaped series")
     ap.add_argument("--mutation-test", metavar="PROMTOOL",
                     help="check that each quiet test case fires when its alert is loosened")
     args = ap.parse_args()
@@ -893,6 +983,8 @@ def main() -> int:
     if args.mutation_test:
         return mutation_test(args.mutation_test)
     errors, stats = run_checks(*load_all(), args.query_rules)
+    if args.smoke_test_dir:
+        query_smoke_test(load_all()[3], args.smoke_test_dir)
     for e in errors:
         print(f"lint: {e}")
     print("lint: " + ", ".join(f"{v} {k}" for k, v in stats.items()))
