@@ -26,10 +26,14 @@ Collector's `prometheus` exporter writes them, and these checks:
     expression of the runbook's ```promql blocks into a rules file
     (--query-rules FILE) for `promtool check rules` to parse;
   * it writes a promtool test (--smoke-test-dir DIR) in which every
-    dashboard query must return data from series shaped like the agent's.
+    dashboard query must return data from series shaped like the agent's;
+  * --mutation-test PROMTOOL: each quiet case of tests.yaml passes with its
+    alert alone and fails once the alert is loosened (a threshold / 10,
+    `> 0` -> `>= 0`, or no `for`), so no quiet case is quiet by accident;
+  * --self-test: each check above catches a deliberate breakage.
 
-Must not: need a network, a Prometheus server or anything but Python 3 and
-PyYAML (check.sh provides a pinned one).
+Must not: need a network, a Prometheus server or anything but Python 3,
+PyYAML (check.sh provides a pinned one) and, for --mutation-test, promtool.
 
 Usage: lint.py [--query-rules FILE] [--smoke-test-dir DIR] [--self-test] [--mutation-test PROMTOOL]
 """
