@@ -191,21 +191,24 @@ impl KubeMeta {
                 // be looked up as a remote one for nothing.
                 return None;
             }
-            if let Some((p, at)) = ix.remote.get(&ip) {
-                let ttl = if p.is_some() {
-                    REMOTE_POD_TTL
-                } else {
-                    REMOTE_NOT_POD_TTL
-                };
-                if at.elapsed() < ttl {
-                    return p.clone();
-                }
+            if let Some(hit) = ix.remote.get(&ip).filter(|h| fresh(h)) {
+                return hit.0.clone();
             }
         }
         // Full queue: a later record asks again.
         let _ = self.lookups.try_send(ip);
         None
     }
+}
+
+/// A cached caller lookup still to be trusted.
+fn fresh((pod, at): &(Option<Arc<PodMeta>>, Instant)) -> bool {
+    let ttl = if pod.is_some() {
+        REMOTE_POD_TTL
+    } else {
+        REMOTE_NOT_POD_TTL
+    };
+    at.elapsed() < ttl
 }
 
 /// Keeps the index equal to this node's pods, through API outages.
@@ -263,15 +266,8 @@ async fn lookups(client: Client, mut rx: mpsc::Receiver<IpAddr>, index: Arc<RwLo
                 continue;
             }
             // Asked several times before the first answer came back.
-            if let Some((p, at)) = ix.remote.get(&ip) {
-                let ttl = if p.is_some() {
-                    REMOTE_POD_TTL
-                } else {
-                    REMOTE_NOT_POD_TTL
-                };
-                if at.elapsed() < ttl {
-                    continue;
-                }
+            if ix.remote.get(&ip).is_some_and(fresh) {
+                continue;
             }
         }
         let lp = ListParams::default().fields(&format!("status.podIP={ip}"));
@@ -296,14 +292,7 @@ async fn lookups(client: Client, mut rx: mpsc::Receiver<IpAddr>, index: Arc<RwLo
         };
         let mut ix = index.write().unwrap_or_else(|p| p.into_inner());
         if ix.remote.len() >= MAX_REMOTE {
-            ix.remote.retain(|_, (p, at)| {
-                at.elapsed()
-                    < if p.is_some() {
-                        REMOTE_POD_TTL
-                    } else {
-                        REMOTE_NOT_POD_TTL
-                    }
-            });
+            ix.remote.retain(|_, hit| fresh(hit));
         }
         if ix.remote.len() < MAX_REMOTE {
             ix.remote.insert(ip, (answer, Instant::now()));

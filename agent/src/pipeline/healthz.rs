@@ -80,10 +80,12 @@ async fn answer(mut s: TcpStream, h: &Health) -> std::io::Result<()> {
         }
         buf.extend_from_slice(&chunk[..n]);
     }
-    let line = buf.split(|&b| b == b'\r').next().unwrap_or_default();
-    let line = String::from_utf8_lossy(line);
-    let mut parts = line.split(' ');
-    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let mut headers = [httparse::EMPTY_HEADER; 32];
+    let mut req = httparse::Request::new(&mut headers);
+    let (method, path) = match req.parse(&buf) {
+        Ok(httparse::Status::Complete(_)) => (req.method.unwrap_or(""), req.path.unwrap_or("")),
+        _ => return reply(&mut s, 400, "not an HTTP/1.x request", false).await,
+    };
     let head_only = method == "HEAD";
     if method != "GET" && !head_only {
         return reply(&mut s, 405, "only GET and HEAD", head_only).await;
