@@ -312,7 +312,11 @@ fn the_image_measures_an_engine_with_exactly_the_daemonsets_privileges() {
     assert_eq!(
         recs.len(),
         5,
-        "the agent in its container recorded the engine's requests; logs:\n{logs}"
+        "the agent in its container recorded the engine's requests; records:\n{}\nlogs:\n{logs}",
+        recs.iter()
+            .map(|r| r.to_string())
+            .collect::<Vec<_>>()
+            .join("\n")
     );
     for r in &recs {
         assert_eq!(r["pid"], json!(engine.0.id()), "{r}");

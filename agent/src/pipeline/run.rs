@@ -158,12 +158,15 @@ pub async fn run(plan: RunPlan) -> Result<()> {
         }
         Err(e) => return Err(e),
     };
-    health.set_ready(Ok(()));
     let mut batch = Vec::new();
     cap.seed(&mut batch);
     let mut targeter = Targeter::new(plan.targeting.clone(), plan.capture.proc_root.clone());
     let ready = targeter.start(&mut cap, &mut pipe.node, &mut batch)?;
     eprintln!("{ready}");
+    // Ready once the engines running now are targeted in the kernel, not
+    // merely once the programs are attached: a request sent on the strength
+    // of /readyz must be measured.
+    health.set_ready(Ok(()));
     let mut src = EventSource::Live(Box::new(cap));
     // Targeting first: it names the processes the other tasks look at.
     let mut tasks: Vec<Box<dyn Task>> = vec![Box::new(targeter)];
