@@ -21,3 +21,4 @@ pub mod pipeline;
 pub mod record;
 pub mod selftraffic;
 pub mod source;
+pub mod timeline;

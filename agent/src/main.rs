@@ -125,6 +125,10 @@ struct ReplayArgs {
     /// request ("-" for stdout). Keys: see docs/metrics.md.
     #[arg(long, value_name = "PATH")]
     requests_log: Option<PathBuf>,
+    /// Run the timeline detectors (default thresholds) on the decoded
+    /// requests and write their events as JSON Lines ("-" for stdout).
+    #[arg(long, value_name = "PATH")]
+    events_log: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -161,6 +165,7 @@ fn main() -> ExitCode {
                     &a.file,
                     a.events.as_deref(),
                     a.requests_log.as_deref(),
+                    a.events_log.as_deref(),
                 )
                 .await
             }

@@ -109,6 +109,10 @@ pub struct Finished {
     pub self_request: bool,
     /// Gaps between consecutive content-bearing writes, in seconds.
     pub chunk_gaps_s: Vec<f64>,
+    /// A keyed hash of the request body (`decode::body_fingerprint`): equal
+    /// for byte-identical bodies within this process, meaningless outside
+    /// it; never written or exported. The retry-storm detector's input.
+    pub prompt_fp: Option<u64>,
 }
 
 /// A request still in flight, as the GPU join sees it at a sample.

@@ -44,6 +44,8 @@ pub struct Exchange {
     pub rule_headers: Vec<(String, String)>,
     /// Request-type rules (None: built-in types only).
     pub types: Option<Arc<Rules>>,
+    /// Keyed hash of the request body (never the body).
+    pub prompt_fp: Option<u64>,
     /// The response called a tool.
     tool_calls: bool,
     first_content_ns: Option<u64>,
@@ -94,6 +96,7 @@ impl Exchange {
             api_key_id: None,
             rule_headers: Vec::new(),
             types: None,
+            prompt_fp: None,
             tool_calls: false,
             first_content_ns: None,
             first_reasoning_ns: None,
@@ -307,6 +310,7 @@ impl Exchange {
             seq: self.seq,
             content_events: self.content_events,
             chunk_gaps_s: self.gaps,
+            prompt_fp: self.prompt_fp,
         }
     }
 }

@@ -337,6 +337,7 @@ mod tests {
             content_events: events,
             self_request: false,
             chunk_gaps_s: vec![],
+            prompt_fp: None,
         }
     }
 

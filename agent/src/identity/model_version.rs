@@ -255,6 +255,22 @@ fn put(h: &mut Sha256, tag: &str, bytes: &[u8]) {
     h.update(bytes);
 }
 
+/// The model process `pid` (running `engine`) serves, as its command line
+/// names it: the first served name, else the first model path or hub id.
+pub fn served_model(proc_root: &Path, pid: u32, engine: &str) -> Option<String> {
+    let raw = fs::read(proc_root.join(pid.to_string()).join("cmdline")).ok()?;
+    let args: Vec<String> = raw
+        .split(|&b| b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    let s = served_from_args(engine, &args);
+    s.names
+        .into_iter()
+        .next()
+        .or_else(|| s.paths.into_iter().next())
+}
+
 /// The version of `engine` serving `served` from `models`: the first
 /// [`VERSION_HEX_CHARS`] hex characters of a SHA-256 over all of it.
 pub fn fingerprint(engine: &str, served: &Served, models: &[ModelPath]) -> String {

@@ -45,6 +45,11 @@ pub use self::plan::{resolve, RunPlan};
 pub trait Sink {
     /// One finished, enriched request.
     fn record(&mut self, f: &Finished) -> Result<()>;
+    /// One timeline event (engine, model version, caller, drift, GPU);
+    /// sinks that show or export events override this.
+    fn event(&mut self, _e: &crate::timeline::Event) -> Result<()> {
+        Ok(())
+    }
     /// Periodic work: flush, redraw, publish. Called once per pipeline tick.
     fn tick(&mut self, t: &Tick<'_>) -> Result<()>;
     /// Last chance to flush or export; called once, after the last record.
@@ -99,6 +104,9 @@ pub struct ProcessInfo {
     /// What it serves (`identity::model_version`), computed once when it
     /// is named (and again when it execs), never per request.
     pub model_version: Option<String>,
+    /// The served model as its command line names it (first served name,
+    /// else first model path): what timeline events call the engine's model.
+    pub model: Option<String>,
 }
 
 /// Periodic work beside the data path (finding engines, sampling GPUs).
@@ -131,8 +139,14 @@ pub struct Pipeline {
     /// Joins GPU state into records of engines on GPUs (None: no GPU
     /// sampling).
     gpu: Option<GpuStage>,
+    /// Timeline events from records, ticks and GPU samples (None: off).
+    timeline: Option<crate::timeline::Timeline>,
+    /// Ticks feed the timeline's clock (live runs; a replay's clock is its
+    /// records').
+    live: bool,
     finished: Vec<Finished>,
     ready: Vec<Finished>,
+    events: Vec<crate::timeline::Event>,
 }
 
 impl Pipeline {
@@ -144,8 +158,11 @@ impl Pipeline {
             node: NodeState::default(),
             health,
             gpu: None,
+            timeline: None,
+            live: false,
             finished: Vec::new(),
             ready: Vec::new(),
+            events: Vec::new(),
         }
     }
 
@@ -167,6 +184,14 @@ impl Pipeline {
     /// Adds the GPU join (records of GPU engines wait for the next sample).
     pub fn gpu(mut self, stage: GpuStage) -> Self {
         self.gpu = Some(stage);
+        self
+    }
+
+    /// Adds the timeline detectors; `live`: pipeline ticks are the clock
+    /// too (a live run), not only the records' times (a replay).
+    pub fn timeline(mut self, t: crate::timeline::Timeline, live: bool) -> Self {
+        self.timeline = Some(t);
+        self.live = live;
         self
     }
 
@@ -217,6 +242,18 @@ impl Pipeline {
             for s in &mut self.sinks {
                 s.record(&f)?;
             }
+            if let Some(t) = &mut self.timeline {
+                t.on_record(&f, &mut self.events);
+            }
+        }
+        self.send_events()
+    }
+
+    fn send_events(&mut self) -> Result<()> {
+        for e in self.events.drain(..) {
+            for s in &mut self.sinks {
+                s.event(&e)?;
+            }
         }
         Ok(())
     }
@@ -242,6 +279,9 @@ impl Pipeline {
         let mut in_flight = Vec::new();
         self.decoder.in_flight_requests(&mut in_flight);
         for (sample, snap) in samples {
+            if let Some(t) = &mut self.timeline {
+                t.on_gpu_sample(&sample, &self.node, &mut self.events);
+            }
             g.on_sample(sample, &snap, &engines, &in_flight, &mut self.ready);
         }
         self.send_ready()
@@ -252,9 +292,19 @@ impl Pipeline {
         self.health.beat();
         self.health
             .publish(capture, &self.decoder.stats, self.decoder.in_flight());
+        let now_ns = now_wall_ns();
+        if let (Some(t), true) = (&mut self.timeline, self.live) {
+            t.on_tick(
+                now_ns,
+                &self.node,
+                self.decoder.in_flight(),
+                &mut self.events,
+            );
+        }
+        self.send_events()?;
         let snap = self.health.snapshot();
         let t = Tick {
-            now_ns: now_wall_ns(),
+            now_ns,
             health: &snap,
         };
         for s in &mut self.sinks {
@@ -277,6 +327,10 @@ impl Pipeline {
             g.flush(&mut self.ready);
         }
         self.send_ready()?;
+        if let Some(t) = &mut self.timeline {
+            t.finish(&mut self.events);
+        }
+        self.send_events()?;
         self.health
             .publish(capture, &self.decoder.stats, self.decoder.in_flight());
         let snap = self.health.snapshot();

@@ -24,7 +24,9 @@ pub struct RunFlags {
     /// Options given on the command line win; lists are joined. The file
     /// may also define request types as `[[request_type]]` tables (`name`
     /// plus any of `path`, `header`, `model`, `input_tokens`, `json_field`;
-    /// see docs/metrics.md); an invalid rule stops the agent at start.
+    /// see docs/metrics.md); an invalid rule stops the agent at start; and
+    /// the timeline detectors' thresholds as an `[events]` table
+    /// (`window_s`, `surge_factor`, …; docs/metrics.md, "Timeline events").
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Capture this inference-server process and the processes it starts
@@ -43,6 +45,15 @@ pub struct RunFlags {
     /// text is written. Keys: docs/metrics.md.
     #[arg(long, value_name = "PATH")]
     pub requests_log: Option<PathBuf>,
+    /// Append one JSON object per timeline event to PATH ("-" for stdout):
+    /// engine.start/stop, model_version.new/rollout/rollback, caller.new/
+    /// surge/error_burst/retry_storm, tokens.drift, gpu.throttle.start/stop,
+    /// gpu.memory.high (docs/metrics.md, "Timeline events"). Events are also
+    /// exported as OTLP log records and counted in tokentap.events, and the
+    /// console shows the latest. Thresholds: the config file's `[events]`
+    /// table.
+    #[arg(long, value_name = "PATH")]
+    pub events_log: Option<PathBuf>,
     /// Do not show the console view.
     #[arg(long)]
     pub no_console: bool,
@@ -202,6 +213,7 @@ pub struct RunPlan {
     pub targeting: Targeting,
     pub capture: CaptureOptions,
     pub requests_log: Option<PathBuf>,
+    pub events_log: Option<PathBuf>,
     pub console: Option<ConsolePlan>,
     pub metrics: Option<MetricsConfig>,
     pub duration: Option<Duration>,
@@ -377,6 +389,7 @@ pub fn resolve(f: &RunFlags, env: &dyn Env) -> Result<RunPlan> {
         targeting,
         capture,
         requests_log: f.requests_log.clone(),
+        events_log: f.events_log.clone(),
         console,
         metrics,
         duration,
@@ -407,7 +420,9 @@ pub fn merge_config_file(args: &[String], run_args: &[String]) -> Result<Vec<Str
     let mut extra = vec![];
     for (key, value) in table {
         // Request-type rules are read by `identity::request_type::Rules`.
-        if key == crate::identity::request_type::CONFIG_KEY {
+        if key == crate::identity::request_type::CONFIG_KEY
+            || key == crate::timeline::config::CONFIG_KEY
+        {
             continue;
         }
         let name = key.replace('_', "-");

@@ -83,6 +83,10 @@ pub fn identity(plan: &IdentityPlan, install_key: &Path) -> Result<IdentityConfi
 /// The live agent.
 pub async fn run(plan: RunPlan) -> Result<()> {
     let id = identity(&plan.identity, Path::new(INSTALL_KEY_PATH))?;
+    let events_cfg = match &plan.identity.rules_file {
+        Some(p) => crate::timeline::Config::load(p)?,
+        None => crate::timeline::Config::default(),
+    };
     let health = Arc::new(Health::default());
     if let Some(addr) = plan.health_addr {
         super::healthz::serve(addr, health.clone()).await?;
@@ -91,7 +95,8 @@ pub async fn run(plan: RunPlan) -> Result<()> {
         .identity(id)
         .enricher(EngineName)
         .enricher(Container)
-        .enricher(ModelVersion);
+        .enricher(ModelVersion)
+        .timeline(crate::timeline::Timeline::new(events_cfg), true);
     if let Some(node) = &plan.kube_node {
         // After ModelVersion: a pod's model-version label overrides it.
         let km = KubeMeta::start(node).await?;
@@ -102,6 +107,9 @@ pub async fn run(plan: RunPlan) -> Result<()> {
     // fails before anything is attached.
     if let Some(p) = &plan.requests_log {
         pipe = pipe.sink(Box::new(RequestLog::create(p)?));
+    }
+    if let Some(p) = &plan.events_log {
+        pipe = pipe.sink(Box::new(crate::timeline::log::EventLog::create(p)?));
     }
     if let Some(c) = &plan.console {
         pipe = pipe.sink(Box::new(ConsoleSink::new(c.clone())));
@@ -282,12 +290,24 @@ fn run_tasks(
 
 /// A capture file through the same pipeline (no enrichers that need the
 /// live node: its processes are not this machine's).
-pub async fn replay(file: &Path, events: Option<&Path>, requests_log: Option<&Path>) -> Result<()> {
+pub async fn replay(
+    file: &Path,
+    events: Option<&Path>,
+    requests_log: Option<&Path>,
+    events_log: Option<&Path>,
+) -> Result<()> {
     let mut src = EventSource::replay(file)?;
     let mut writer = events.map(Writer::create).transpose()?;
     let mut pipe = Pipeline::new(Arc::new(Health::default()));
     if let Some(p) = requests_log {
         pipe = pipe.sink(Box::new(RequestLog::create(p)?));
+    }
+    if let Some(p) = events_log {
+        // The records' own clock: the same events as when they were live
+        // (default thresholds).
+        pipe = pipe
+            .timeline(crate::timeline::Timeline::new(Default::default()), false)
+            .sink(Box::new(crate::timeline::log::EventLog::create(p)?));
     }
     let mut batch = Vec::new();
     let mut n = 0u64;

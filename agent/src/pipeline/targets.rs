@@ -140,13 +140,24 @@ impl Targeter {
         let engine = discover::engine_of(&self.proc_root, pid).map(str::to_string);
         let mut listen_ports: Vec<u16> = listening(&self.proc_root, pid).into_iter().collect();
         listen_ports.sort_unstable();
-        let known = |p: u32| node.processes.get(&p).map(|i| i.model_version.clone());
-        let model_version = match version {
+        let known = |p: u32| {
+            node.processes
+                .get(&p)
+                .map(|i| (i.model_version.clone(), i.model.clone()))
+        };
+        let (model_version, model) = match version {
             Version::Keep => known(pid),
             Version::Inherit(parent) => known(parent),
             Version::Compute => None,
         }
-        .unwrap_or_else(|| model_version::of_process(&self.proc_root, pid, engine.as_deref()));
+        .unwrap_or_else(|| {
+            (
+                model_version::of_process(&self.proc_root, pid, engine.as_deref()),
+                engine
+                    .as_deref()
+                    .and_then(|e| model_version::served_model(&self.proc_root, pid, e)),
+            )
+        });
         node.processes.insert(
             pid,
             ProcessInfo {
@@ -154,6 +165,7 @@ impl Targeter {
                 listen_ports,
                 container: procfs::container_identity(&self.proc_root, pid),
                 model_version,
+                model,
             },
         );
         engine

@@ -339,6 +339,7 @@ impl Http1Conn {
             if let Some(x) = self.queue.iter_mut().find(|x| x.seq == seq) {
                 if !buf.is_empty() {
                     x.request = request_info_with(&buf, fields);
+                    x.prompt_fp = Some(crate::decode::body_fingerprint(&buf));
                 }
             }
         }

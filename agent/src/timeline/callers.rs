@@ -1,0 +1,459 @@
+//! Abnormal callers: per tenant (else caller — the peer, or its pod), in
+//! fixed windows of `window_s`:
+//!
+//! - `caller.new`: the first request of a tenant or caller;
+//! - `caller.surge`: a window with ≥ `surge_factor` × the caller's own
+//!   baseline (an exponential moving average of its requests per window,
+//!   idle windows included, judged after `warmup_windows`) and
+//!   ≥ `surge_min_requests`;
+//! - `caller.error_burst`: ≥ `error_burst_min` errors of one kind making up
+//!   ≥ `error_burst_fraction` of the caller's requests in a window; kinds
+//!   `http_429` (rate limited), `http_401_403` (permission), `http_5xx`,
+//!   `client_disconnect` (the client gave up: disconnects and timeouts);
+//! - `caller.retry_storm`: ≥ `retry_storm_min` repeated requests (a body
+//!   already sent in the same window, by its keyed fingerprint), making up
+//!   ≥ `retry_storm_fraction` of the window's requests, in a window that
+//!   follows errors or disconnects (in it or in the one before).
+//!
+//! Each fires once per episode and is re-armed when the window falls
+//! below half its bound (70 % of it for a surge). Every event carries the
+//! evidence (counts, rates, window, baseline) and the concurrent state:
+//! the caller's mean concurrency and TTFT p95 in the window, the node's
+//! requests in flight, and the mean GPU utilisation of its requests.
+
+use std::collections::{BTreeMap, HashMap};
+
+use super::{kind, round4, Config, Event};
+use crate::record::Finished;
+
+/// Error kinds a burst is judged on (`error.type` of the event).
+pub const ERROR_KINDS: [&str; 4] = ["http_429", "http_401_403", "http_5xx", "client_disconnect"];
+
+/// The kind of a failed request, when it is one bursts are judged on.
+pub fn error_kind(f: &Finished) -> Option<usize> {
+    if f.error_type.as_deref() == Some("client_disconnect") {
+        return Some(3);
+    }
+    match f.status? {
+        429 => Some(0),
+        401 | 403 => Some(1),
+        s if s >= 500 => Some(2),
+        _ => None,
+    }
+}
+
+/// One caller's requests in one window.
+#[derive(Default)]
+struct WindowStats {
+    requests: u32,
+    errors: [u32; 4],
+    /// Failed requests of other kinds (other 4xx, stream errors, …).
+    other_errors: u32,
+    ttfts: Vec<f64>,
+    /// Sum of the requests' durations (mean concurrency × window).
+    busy_s: f64,
+    gpu_sum: f64,
+    gpu_n: u32,
+    /// Requests per body fingerprint.
+    fps: HashMap<u64, u32>,
+    /// Requests whose body was already sent in this window.
+    repeats: u32,
+}
+
+impl WindowStats {
+    fn errors_total(&self) -> u32 {
+        self.errors.iter().sum::<u32>() + self.other_errors
+    }
+}
+
+/// What a caller's events say about where its traffic goes (the latest
+/// request's).
+#[derive(Clone, Default)]
+struct Context {
+    provider: Option<String>,
+    model: Option<String>,
+    model_version: Option<String>,
+    pid: u32,
+}
+
+struct CallerState {
+    /// `tokentap.tenant` or `tokentap.caller`.
+    attr: &'static str,
+    name: String,
+    first_window: u64,
+    last_active_window: u64,
+    /// Windows judged so far (idle ones included).
+    windows: u32,
+    /// Requests per window, moving average.
+    baseline: f64,
+    /// TTFT p95 of its unsurged windows, moving average.
+    baseline_ttft_p95: Option<f64>,
+    surging: bool,
+    bursting: [bool; 4],
+    storming: bool,
+    /// Errors in the window before.
+    prev_errors: u32,
+    ctx: Context,
+}
+
+pub struct Callers {
+    cfg: Config,
+    window_ns: u64,
+    grace_ns: u64,
+    /// After this many idle windows (a day's worth) a caller is forgotten.
+    evict_windows: u64,
+    callers: HashMap<String, CallerState>,
+    /// Open windows by index (time / window).
+    open: BTreeMap<u64, HashMap<String, WindowStats>>,
+    /// Windows before this index are closed (None: nothing seen yet).
+    next_to_close: Option<u64>,
+    /// Callers not tracked (over `max_callers`).
+    pub untracked: u64,
+    /// The node's requests in flight at the latest tick.
+    in_flight: usize,
+}
+
+/// The p95 of `v` (sorted in place), nearest rank.
+pub(crate) fn p95(v: &mut [f64]) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    let rank = ((v.len() as f64) * 0.95).ceil() as usize;
+    Some(v[rank.clamp(1, v.len()) - 1])
+}
+
+fn subject(f: &Finished) -> Option<(&'static str, &str)> {
+    if let Some(t) = f.tenant.as_deref() {
+        return Some(("tokentap.tenant", t));
+    }
+    f.caller.as_deref().map(|c| ("tokentap.caller", c))
+}
+
+fn who(attr: &str, name: &str) -> String {
+    if attr == "tokentap.tenant" {
+        format!("tenant {name}")
+    } else {
+        format!("caller {name}")
+    }
+}
+
+impl Callers {
+    pub fn new(cfg: &Config) -> Self {
+        let window_ns = cfg.window_ns().max(1);
+        Self {
+            cfg: cfg.clone(),
+            window_ns,
+            grace_ns: (cfg.grace_s * 1e9) as u64,
+            evict_windows: (86_400_000_000_000 / window_ns).max(10),
+            callers: HashMap::new(),
+            open: BTreeMap::new(),
+            next_to_close: None,
+            untracked: 0,
+            in_flight: 0,
+        }
+    }
+
+    pub fn on_record(&mut self, f: &Finished, end_ns: u64, out: &mut Vec<Event>) {
+        let Some((attr, name)) = subject(f) else {
+            return;
+        };
+        let key = format!("{attr}={name}");
+        let mut idx = end_ns / self.window_ns;
+        match self.next_to_close {
+            // A record for a window already judged counts in the oldest
+            // open one.
+            Some(n) => idx = idx.max(n),
+            None => self.next_to_close = Some(idx),
+        }
+        let ctx = Context {
+            provider: f.provider.clone(),
+            model: f.response_model.clone().or_else(|| f.request_model.clone()),
+            model_version: f.model_version.clone(),
+            pid: f.pid,
+        };
+        match self.callers.get_mut(&key) {
+            Some(c) => {
+                c.last_active_window = idx;
+                c.ctx = ctx;
+            }
+            None => {
+                if self.callers.len() >= self.cfg.max_callers {
+                    if self.untracked == 0 {
+                        eprintln!(
+                            "tokentap: events: more than {} tenants/callers active; later ones are not judged for surges, error bursts or retry storms (raise [events] max_callers)",
+                            self.cfg.max_callers
+                        );
+                    }
+                    self.untracked += 1;
+                    return;
+                }
+                out.push(
+                    Event::new(
+                        f.t0_ns,
+                        kind::CALLER_NEW,
+                        format!(
+                            "{}: first request, to {}",
+                            who(attr, name),
+                            ctx.model.as_deref().unwrap_or("an unnamed model")
+                        ),
+                    )
+                    .with(attr, name)
+                    .with("gen_ai.provider.name", ctx.provider.clone())
+                    .with("gen_ai.request.model", ctx.model.clone())
+                    .with("tokentap.model.version", ctx.model_version.clone())
+                    .with("tokentap.request.type", f.request_type.clone())
+                    .with("process.pid", f.pid),
+                );
+                self.callers.insert(
+                    key.clone(),
+                    CallerState {
+                        attr,
+                        name: name.to_string(),
+                        first_window: idx,
+                        last_active_window: idx,
+                        windows: 0,
+                        baseline: 0.0,
+                        baseline_ttft_p95: None,
+                        surging: false,
+                        bursting: [false; 4],
+                        storming: false,
+                        prev_errors: 0,
+                        ctx,
+                    },
+                );
+            }
+        }
+        let w = self.open.entry(idx).or_default().entry(key).or_default();
+        w.requests += 1;
+        match error_kind(f) {
+            Some(k) => w.errors[k] += 1,
+            None if f.error_type.is_some() => w.other_errors += 1,
+            None => {}
+        }
+        if let Some(t) = f.ttft_s {
+            w.ttfts.push(t);
+        }
+        w.busy_s += f.duration_s.unwrap_or(0.0);
+        if let Some(g) = f.gpu_util_avg {
+            w.gpu_sum += g;
+            w.gpu_n += 1;
+        }
+        if let Some(fp) = f.prompt_fp {
+            let n = w.fps.entry(fp).or_insert(0);
+            *n += 1;
+            if *n >= 2 {
+                w.repeats += 1;
+            }
+        }
+    }
+
+    /// Closes the windows that ended at least `grace_s` before `now_ns`.
+    pub fn advance(&mut self, now_ns: u64, in_flight: Option<usize>, out: &mut Vec<Event>) {
+        if let Some(n) = in_flight {
+            self.in_flight = n;
+        }
+        let Some(mut next) = self.next_to_close else {
+            return;
+        };
+        let closable = now_ns.saturating_sub(self.grace_ns) / self.window_ns;
+        // After a long silence, only the last windows matter (each idle
+        // window decays the baselines; a thousand of them leave nothing).
+        if closable.saturating_sub(next) > 1000
+            && self.open.range(..closable - 1000).next().is_none()
+        {
+            for c in self.callers.values_mut() {
+                c.baseline = 0.0;
+                c.surging = false;
+            }
+            next = closable - 1000;
+        }
+        while next < closable {
+            self.close(next, out);
+            next += 1;
+        }
+        self.next_to_close = Some(next);
+    }
+
+    /// Judges every window still open (end of input).
+    pub fn close_all(&mut self, out: &mut Vec<Event>) {
+        let Some(mut next) = self.next_to_close else {
+            return;
+        };
+        let last = self.open.keys().next_back().copied().unwrap_or(next);
+        while next <= last {
+            self.close(next, out);
+            next += 1;
+        }
+        self.next_to_close = Some(next);
+    }
+
+    fn close(&mut self, idx: u64, out: &mut Vec<Event>) {
+        let mut stats = self.open.remove(&idx).unwrap_or_default();
+        let ts = (idx + 1) * self.window_ns;
+        let window_s = self.cfg.window_s;
+        let cfg = &self.cfg;
+        let in_flight = self.in_flight;
+        for (key, c) in self.callers.iter_mut() {
+            if idx < c.first_window {
+                continue;
+            }
+            let mut w = stats.remove(key).unwrap_or_default();
+            let n = w.requests;
+            let ttft_p95 = p95(&mut w.ttfts);
+            let gpu = (w.gpu_n > 0).then(|| round4(w.gpu_sum / w.gpu_n as f64));
+            let state = |e: Event, c: &CallerState| {
+                e.with(c.attr, c.name.as_str())
+                    .with("gen_ai.provider.name", c.ctx.provider.clone())
+                    .with("gen_ai.request.model", c.ctx.model.clone())
+                    .with("tokentap.model.version", c.ctx.model_version.clone())
+                    .with("process.pid", c.ctx.pid)
+                    .with("window_s", window_s)
+                    .with("requests", n)
+                    .with("concurrency", round4(w.busy_s / window_s))
+                    .with("in_flight_requests", in_flight as u64)
+                    .with("ttft_p95_s", ttft_p95.map(round4))
+                    .with("gpu_utilization", gpu)
+            };
+
+            // Surge, against the baseline before this window.
+            let threshold = (cfg.surge_factor * c.baseline).max(cfg.surge_min_requests as f64);
+            let warm = c.windows >= cfg.warmup_windows;
+            if warm && !c.surging && n as f64 >= threshold {
+                c.surging = true;
+                let factor = n as f64 / c.baseline.max(f64::MIN_POSITIVE);
+                let ttft = match (ttft_p95, c.baseline_ttft_p95) {
+                    (Some(a), Some(b)) => format!(" (TTFT p95 {a:.3} s vs {b:.3} s)"),
+                    (Some(a), None) => format!(" (TTFT p95 {a:.3} s)"),
+                    _ => String::new(),
+                };
+                out.push(
+                    state(
+                        Event::new(
+                            ts,
+                            kind::CALLER_SURGE,
+                            format!(
+                                "{}: {n} requests in {window_s} s, {:.1}× its baseline of {:.1}{ttft}",
+                                who(c.attr, &c.name),
+                                factor.min(1e6),
+                                c.baseline
+                            ),
+                        ),
+                        c,
+                    )
+                    .with("rate_rps", round4(n as f64 / window_s))
+                    .with("baseline_requests", round4(c.baseline))
+                    .with("baseline_rps", round4(c.baseline / window_s))
+                    .with("baseline_ttft_p95_s", c.baseline_ttft_p95.map(round4)),
+                );
+            } else if c.surging && (n as f64) < 0.7 * threshold {
+                c.surging = false;
+            }
+
+            // Error bursts, by kind.
+            for (k, name) in ERROR_KINDS.iter().enumerate() {
+                let m = w.errors[k];
+                let frac = if n > 0 { m as f64 / n as f64 } else { 0.0 };
+                if !c.bursting[k] && m >= cfg.error_burst_min && frac >= cfg.error_burst_fraction {
+                    c.bursting[k] = true;
+                    out.push(
+                        state(
+                            Event::new(
+                                ts,
+                                kind::CALLER_ERROR_BURST,
+                                format!(
+                                    "{}: {m} of {n} requests failed with {name} in {window_s} s",
+                                    who(c.attr, &c.name)
+                                ),
+                            ),
+                            c,
+                        )
+                        .with("error.type", *name)
+                        .with("errors", m)
+                        .with("error_fraction", round4(frac)),
+                    );
+                } else if c.bursting[k]
+                    && (2 * m < cfg.error_burst_min || frac < cfg.error_burst_fraction / 2.0)
+                {
+                    c.bursting[k] = false;
+                }
+            }
+
+            // Retry storms: repeated bodies after failures.
+            let errs = w.errors_total();
+            let repeat_frac = if n > 0 {
+                w.repeats as f64 / n as f64
+            } else {
+                0.0
+            };
+            if !c.storming
+                && w.repeats >= cfg.retry_storm_min
+                && repeat_frac >= cfg.retry_storm_fraction
+                && errs + c.prev_errors > 0
+            {
+                c.storming = true;
+                let repeated: Vec<u32> = w.fps.values().copied().filter(|&x| x >= 2).collect();
+                let max = repeated.iter().copied().max().unwrap_or(0);
+                out.push(
+                    state(
+                        Event::new(
+                            ts,
+                            kind::CALLER_RETRY_STORM,
+                            format!(
+                                "{}: {} repeated requests ({} distinct bodies, one sent {max} times) in {window_s} s after {} failed requests",
+                                who(c.attr, &c.name),
+                                w.repeats,
+                                repeated.len(),
+                                errs + c.prev_errors
+                            ),
+                        ),
+                        c,
+                    )
+                    .with("repeated_requests", w.repeats)
+                    .with("repeated_fraction", round4(repeat_frac))
+                    .with("distinct_repeated_bodies", repeated.len() as u64)
+                    .with("max_repeats_of_one_body", max)
+                    .with("errors", errs)
+                    .with("errors_window_before", c.prev_errors)
+                    .with("error_counts", error_counts(&w.errors)),
+                );
+            } else if c.storming
+                && (2 * w.repeats < cfg.retry_storm_min
+                    || repeat_frac < cfg.retry_storm_fraction / 2.0)
+            {
+                c.storming = false;
+            }
+            c.prev_errors = errs;
+
+            // The baseline learns from this window (a running mean during
+            // warm-up, then a moving average).
+            if c.windows < cfg.warmup_windows {
+                c.baseline = (c.baseline * c.windows as f64 + n as f64) / (c.windows as f64 + 1.0);
+            } else {
+                c.baseline += cfg.baseline_alpha * (n as f64 - c.baseline);
+            }
+            if !c.surging {
+                if let Some(p) = ttft_p95 {
+                    c.baseline_ttft_p95 = Some(match c.baseline_ttft_p95 {
+                        Some(b) => b + cfg.baseline_alpha.max(0.2) * (p - b),
+                        None => p,
+                    });
+                }
+            }
+            c.windows = c.windows.saturating_add(1);
+        }
+        let evict = self.evict_windows;
+        self.callers
+            .retain(|_, c| c.last_active_window + evict >= idx);
+    }
+}
+
+fn error_counts(e: &[u32; 4]) -> serde_json::Value {
+    let mut m = serde_json::Map::new();
+    for (k, name) in ERROR_KINDS.iter().enumerate() {
+        if e[k] > 0 {
+            m.insert(name.to_string(), e[k].into());
+        }
+    }
+    serde_json::Value::Object(m)
+}

@@ -1,0 +1,302 @@
+//! `engine.start` / `engine.stop` from the targeted processes, and
+//! `model_version.new` / `.rollout` / `.rollback` from the versions on the
+//! records (where a pod label may have overridden the fingerprint).
+
+use std::collections::{HashMap, HashSet};
+
+use super::{kind, round4, Config, Event};
+use crate::{
+    pipeline::{NodeState, ProcessInfo},
+    record::Finished,
+};
+
+/// The engines serving HTTP at the last tick, and what they were.
+#[derive(Default)]
+pub struct Engines {
+    known: HashMap<u32, ProcessInfo>,
+    /// The first tick has run (engines found then were already running
+    /// when the agent started).
+    primed: bool,
+}
+
+fn engine_event(k: &'static str, ts: u64, pid: u32, p: &ProcessInfo, what: &str) -> Event {
+    let engine = p.engine.as_deref().unwrap_or("engine");
+    let model = p.model.as_deref().unwrap_or("an unknown model");
+    let version = p.model_version.as_deref().unwrap_or("?");
+    let ports: Vec<String> = p.listen_ports.iter().map(|p| p.to_string()).collect();
+    let c = p.container.as_ref();
+    Event::new(
+        ts,
+        k,
+        format!(
+            "{engine} (pid {pid}) serving {model} (version {version}) on port {} {what}",
+            ports.join(",")
+        ),
+    )
+    .with("gen_ai.provider.name", p.engine.clone())
+    .with("process.pid", pid)
+    .with("gen_ai.request.model", p.model.clone())
+    .with("tokentap.model.version", p.model_version.clone())
+    .with(
+        "server.port",
+        p.listen_ports.iter().map(|&p| p as u32).collect::<Vec<_>>(),
+    )
+    .with("container.id", c.map(|c| c.id.clone()))
+    .with("k8s.pod.uid", c.and_then(|c| c.pod_uid.clone()))
+}
+
+impl Engines {
+    pub fn on_tick(&mut self, now_ns: u64, node: &NodeState, out: &mut Vec<Event>) {
+        let serving: HashSet<u32> = node.serving_pids().into_iter().collect();
+        let mut started: Vec<u32> = serving
+            .iter()
+            .copied()
+            .filter(|p| !self.known.contains_key(p))
+            .collect();
+        started.sort_unstable();
+        let mut stopped: Vec<u32> = self
+            .known
+            .keys()
+            .copied()
+            .filter(|p| !serving.contains(p))
+            .collect();
+        stopped.sort_unstable();
+        for pid in stopped {
+            if let Some(p) = self.known.remove(&pid) {
+                out.push(engine_event(kind::ENGINE_STOP, now_ns, pid, &p, "stopped"));
+            }
+        }
+        for pid in started {
+            let p = node.processes[&pid].clone();
+            let what = if self.primed {
+                "started"
+            } else {
+                "was running when the agent started"
+            };
+            out.push(
+                engine_event(kind::ENGINE_START, now_ns, pid, &p, what)
+                    .with("tokentap.already_running", !self.primed),
+            );
+            self.known.insert(pid, p);
+        }
+        // A process that stayed but changed (exec'd into another model).
+        for pid in serving {
+            if let (Some(old), Some(new)) = (self.known.get_mut(&pid), node.processes.get(&pid)) {
+                if old.model_version != new.model_version || old.engine != new.engine {
+                    *old = new.clone();
+                }
+            }
+        }
+        self.primed = true;
+    }
+}
+
+struct VersionState {
+    last_seen_ns: u64,
+    /// Another version took over from it.
+    replaced: bool,
+}
+
+/// What one served model name has been served as.
+struct ModelTrack {
+    current: String,
+    versions: HashMap<String, VersionState>,
+}
+
+/// Model versions per served model name.
+pub struct Models {
+    seen: HashSet<String>,
+    by_model: HashMap<String, ModelTrack>,
+    rollback_idle_ns: u64,
+    max: usize,
+}
+
+impl Models {
+    pub fn new(cfg: &Config) -> Self {
+        Self {
+            seen: HashSet::new(),
+            by_model: HashMap::new(),
+            rollback_idle_ns: (cfg.rollback_idle_s * 1e9) as u64,
+            max: cfg.max_callers,
+        }
+    }
+
+    pub fn on_record(&mut self, f: &Finished, t: u64, out: &mut Vec<Event>) {
+        let Some(v) = f.model_version.as_deref() else {
+            return;
+        };
+        let model = f
+            .response_model
+            .as_deref()
+            .or(f.request_model.as_deref())
+            .unwrap_or("");
+        let base = |k: &'static str, msg: String| {
+            Event::new(t, k, msg)
+                .with("gen_ai.provider.name", f.provider.clone())
+                .with("gen_ai.request.model", (!model.is_empty()).then_some(model))
+                .with("tokentap.model.version", v)
+                .with("process.pid", f.pid)
+                .with("container.id", f.container_id.clone())
+                .with("k8s.pod.uid", f.k8s_pod_uid.clone())
+                .with("k8s.pod.name", f.k8s_pod_name.clone())
+                .with("k8s.namespace.name", f.k8s_namespace.clone())
+        };
+        let shown = if model.is_empty() { "?" } else { model };
+        if !self.seen.contains(v) && self.seen.len() < self.max {
+            self.seen.insert(v.to_string());
+            out.push(base(
+                kind::MODEL_VERSION_NEW,
+                format!("model version {v} first seen on this node, serving {shown}"),
+            ));
+        }
+        let Some(track) = self.by_model.get_mut(model) else {
+            if self.by_model.len() < self.max {
+                let mut versions = HashMap::new();
+                versions.insert(
+                    v.to_string(),
+                    VersionState {
+                        last_seen_ns: t,
+                        replaced: false,
+                    },
+                );
+                self.by_model.insert(
+                    model.to_string(),
+                    ModelTrack {
+                        current: v.to_string(),
+                        versions,
+                    },
+                );
+            }
+            return;
+        };
+        if track.current == v {
+            if let Some(s) = track.versions.get_mut(v) {
+                s.last_seen_ns = s.last_seen_ns.max(t);
+            }
+            return;
+        }
+        let previous = track.current.clone();
+        match track.versions.get_mut(v) {
+            None => {
+                if let Some(p) = track.versions.get_mut(&previous) {
+                    p.replaced = true;
+                }
+                track.versions.insert(
+                    v.to_string(),
+                    VersionState {
+                        last_seen_ns: t,
+                        replaced: false,
+                    },
+                );
+                track.current = v.to_string();
+                out.push(
+                    base(
+                        kind::MODEL_VERSION_ROLLOUT,
+                        format!("{shown}: version {v} replaces {previous}"),
+                    )
+                    .with("tokentap.model.version.previous", previous),
+                );
+            }
+            Some(s) => {
+                let idle = t.saturating_sub(s.last_seen_ns);
+                let back = s.replaced && idle >= self.rollback_idle_ns;
+                s.last_seen_ns = s.last_seen_ns.max(t);
+                if back {
+                    s.replaced = false;
+                    if let Some(p) = track.versions.get_mut(&previous) {
+                        p.replaced = true;
+                    }
+                    track.current = v.to_string();
+                    out.push(
+                        base(
+                            kind::MODEL_VERSION_ROLLBACK,
+                            format!(
+                                "{shown}: version {v} is back, replacing {previous} (it last served {:.0} s before)",
+                                idle as f64 / 1e9
+                            ),
+                        )
+                        .with("tokentap.model.version.previous", previous)
+                        .with("idle_s", round4(idle as f64 / 1e9)),
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::RequestRecord;
+
+    fn rec(t_s: u64, model: &str, v: &str) -> Finished {
+        Finished {
+            record: RequestRecord {
+                response_model: Some(model.into()),
+                model_version: Some(v.into()),
+                t0_ns: t_s * 1_000_000_000,
+                ..Default::default()
+            },
+            seq: 0,
+            content_events: 0,
+            self_request: false,
+            chunk_gaps_s: vec![],
+            prompt_fp: None,
+        }
+    }
+
+    fn kinds(m: &mut Models, recs: &[(u64, &str, &str)]) -> Vec<(String, String)> {
+        let mut out = vec![];
+        for (t, model, v) in recs {
+            m.on_record(&rec(*t, model, v), t * 1_000_000_000, &mut out);
+        }
+        out.into_iter()
+            .map(|e| {
+                (
+                    e.kind.to_string(),
+                    e.attr("tokentap.model.version")
+                        .and_then(|v| v.as_str())
+                        .unwrap_or("")
+                        .to_string(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn launch_rollout_canary_and_rollback() {
+        let mut m = Models::new(&Config::default());
+        let e = kinds(
+            &mut m,
+            &[
+                (0, "llama", "va"),
+                (1, "llama", "va"),
+                (95, "llama", "va"),
+                (99, "llama", "va"),
+                // vb launched beside va (a canary): one rollout, and va
+                // still serving is no rollback.
+                (100, "llama", "vb"),
+                (101, "llama", "va"),
+                (102, "llama", "vb"),
+                (103, "llama", "va"),
+                (104, "llama", "vb"),
+                // va stops at 103; 60 s later only va serves again.
+                (170, "llama", "va"),
+                (171, "llama", "va"),
+                // Another model's versions are its own.
+                (172, "qwen", "vq"),
+            ],
+        );
+        let want: Vec<(String, String)> = [
+            ("model_version.new", "va"),
+            ("model_version.new", "vb"),
+            ("model_version.rollout", "vb"),
+            ("model_version.rollback", "va"),
+            ("model_version.new", "vq"),
+        ]
+        .iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect();
+        assert_eq!(e, want);
+    }
+}

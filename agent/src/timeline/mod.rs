@@ -1,0 +1,224 @@
+//! Timeline events: what changed on this node, when, and who caused it —
+//! the evidence layer on top of the request records. Engines starting and
+//! stopping, model versions appearing, replacing and coming back, callers
+//! that are new, surging, failing or retrying, token distributions that
+//! drift, GPUs that throttle or fill up.
+//!
+//! ```text
+//!  records ─▶ models ─┐
+//!          ─▶ callers ┼─▶ Event ─▶ Sinks (events log, OTLP logs and the
+//!          ─▶ drift  ─┤              tokentap.events counter, console)
+//!  NodeState ▶ engines┤
+//!  GPU samples ▶ gpu ─┘
+//! ```
+//!
+//! Every event is `{ts, kind, message, attributes}`; `kind` names are a
+//! contract (docs/metrics.md, "Timeline events"); attribute keys are the
+//! metric attribute names, so an event lines up with the series it explains.
+//!
+//! Time: the detectors run on the records' own clock (a request's end) and,
+//! live, on the pipeline's ticks; nothing reads the wall clock, so a replay
+//! or a unit test with a simulated clock gives the same events.
+//!
+//! Owns: the detectors and their state (bounded: `max_callers` keys).
+//! Must not: keep prompt or completion text (a request body is only ever a
+//! keyed hash, `Finished::prompt_fp`), or block the pipeline.
+
+pub mod callers;
+pub mod config;
+pub mod drift;
+pub mod engines;
+pub mod gpu;
+pub mod log;
+#[cfg(test)]
+mod tests;
+
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+pub use self::config::Config;
+use crate::{
+    gpu::types::GpuSample,
+    pipeline::NodeState,
+    record::{rfc3339, Finished},
+};
+
+/// Event kinds (a contract: dashboards and alert rules match on them).
+pub mod kind {
+    pub const ENGINE_START: &str = "engine.start";
+    pub const ENGINE_STOP: &str = "engine.stop";
+    pub const MODEL_VERSION_NEW: &str = "model_version.new";
+    pub const MODEL_VERSION_ROLLOUT: &str = "model_version.rollout";
+    pub const MODEL_VERSION_ROLLBACK: &str = "model_version.rollback";
+    pub const CALLER_NEW: &str = "caller.new";
+    pub const CALLER_SURGE: &str = "caller.surge";
+    pub const CALLER_ERROR_BURST: &str = "caller.error_burst";
+    pub const CALLER_RETRY_STORM: &str = "caller.retry_storm";
+    pub const TOKENS_DRIFT: &str = "tokens.drift";
+    pub const GPU_THROTTLE_START: &str = "gpu.throttle.start";
+    pub const GPU_THROTTLE_STOP: &str = "gpu.throttle.stop";
+    pub const GPU_MEMORY_HIGH: &str = "gpu.memory.high";
+    /// Every kind, in the order docs/metrics.md lists them.
+    pub const ALL: [&str; 13] = [
+        ENGINE_START,
+        ENGINE_STOP,
+        MODEL_VERSION_NEW,
+        MODEL_VERSION_ROLLOUT,
+        MODEL_VERSION_ROLLBACK,
+        CALLER_NEW,
+        CALLER_SURGE,
+        CALLER_ERROR_BURST,
+        CALLER_RETRY_STORM,
+        TOKENS_DRIFT,
+        GPU_THROTTLE_START,
+        GPU_THROTTLE_STOP,
+        GPU_MEMORY_HIGH,
+    ];
+}
+
+/// One timeline event: one line of the events log.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Event {
+    /// RFC 3339 UTC time of what the event reports.
+    pub ts: String,
+    pub kind: &'static str,
+    /// One line for a human.
+    pub message: String,
+    /// What lines the event up with the metrics (metric attribute names:
+    /// `gen_ai.provider.name`, `tokentap.model.version`, `tokentap.tenant`,
+    /// …) and its evidence (counts, rates, window, baseline).
+    pub attributes: Map<String, Value>,
+    /// Nanosecond `ts`.
+    #[serde(skip)]
+    pub ts_ns: u64,
+}
+
+impl Event {
+    pub fn new(ts_ns: u64, kind: &'static str, message: String) -> Self {
+        Self {
+            ts: rfc3339(ts_ns),
+            kind,
+            message,
+            attributes: Map::new(),
+            ts_ns,
+        }
+    }
+
+    /// Adds an attribute; `None` values are left out.
+    pub fn with(mut self, key: &str, v: impl Into<Attr>) -> Self {
+        if let Some(v) = v.into().0 {
+            self.attributes.insert(key.to_string(), v);
+        }
+        self
+    }
+
+    pub fn attr(&self, key: &str) -> Option<&Value> {
+        self.attributes.get(key)
+    }
+}
+
+/// An attribute value (None: left out).
+pub struct Attr(Option<Value>);
+
+macro_rules! attr_from {
+    ($($t:ty),*) => {$(
+        impl From<$t> for Attr {
+            fn from(v: $t) -> Self {
+                Attr(Some(Value::from(v)))
+            }
+        }
+        impl From<Option<$t>> for Attr {
+            fn from(v: Option<$t>) -> Self {
+                Attr(v.map(Value::from))
+            }
+        }
+    )*};
+}
+attr_from!(u64, u32, i64, f64, bool, String, Vec<String>, Vec<u32>);
+
+impl From<&str> for Attr {
+    fn from(v: &str) -> Self {
+        Attr(Some(Value::from(v)))
+    }
+}
+
+impl From<Option<&str>> for Attr {
+    fn from(v: Option<&str>) -> Self {
+        Attr(v.map(Value::from))
+    }
+}
+
+impl From<Value> for Attr {
+    fn from(v: Value) -> Self {
+        Attr((!v.is_null()).then_some(v))
+    }
+}
+
+/// Rounds for display in attributes (4 significant decimals is plenty for
+/// rates and seconds).
+pub(crate) fn round4(x: f64) -> f64 {
+    (x * 10_000.0).round() / 10_000.0
+}
+
+/// All detectors, fed by the pipeline.
+pub struct Timeline {
+    models: engines::Models,
+    engines: engines::Engines,
+    callers: callers::Callers,
+    drift: drift::Drift,
+    gpu: gpu::Gpus,
+    /// The detectors' clock: the latest time seen (record end or tick).
+    now_ns: u64,
+}
+
+impl Timeline {
+    pub fn new(cfg: Config) -> Self {
+        Self {
+            models: engines::Models::new(&cfg),
+            engines: engines::Engines::default(),
+            callers: callers::Callers::new(&cfg),
+            drift: drift::Drift::new(&cfg),
+            gpu: gpu::Gpus::new(&cfg),
+            now_ns: 0,
+        }
+    }
+
+    /// A finished, enriched request.
+    pub fn on_record(&mut self, f: &Finished, out: &mut Vec<Event>) {
+        let end = f.t0_ns + (f.duration_s.unwrap_or(0.0) * 1e9) as u64;
+        self.advance(end, None, out);
+        self.models.on_record(f, end, out);
+        self.callers.on_record(f, end, out);
+        self.drift.on_record(f, end, out);
+    }
+
+    /// A pipeline tick (live runs only): engines that started or stopped,
+    /// windows that closed. `in_flight`: requests in flight now.
+    pub fn on_tick(
+        &mut self,
+        now_ns: u64,
+        node: &NodeState,
+        in_flight: usize,
+        out: &mut Vec<Event>,
+    ) {
+        self.engines.on_tick(now_ns.max(self.now_ns), node, out);
+        self.advance(now_ns, Some(in_flight), out);
+    }
+
+    /// A GPU sample (`node` names the engines on each device).
+    pub fn on_gpu_sample(&mut self, s: &GpuSample, node: &NodeState, out: &mut Vec<Event>) {
+        self.gpu.on_sample(s, node, out);
+    }
+
+    /// End of input: windows still open are judged.
+    pub fn finish(&mut self, out: &mut Vec<Event>) {
+        self.callers.close_all(out);
+    }
+
+    fn advance(&mut self, t: u64, in_flight: Option<usize>, out: &mut Vec<Event>) {
+        if t > self.now_ns {
+            self.now_ns = t;
+        }
+        self.callers.advance(self.now_ns, in_flight, out);
+    }
+}
