@@ -194,6 +194,17 @@ pub struct ConsoleSink {
     view: Console,
     plan: ConsolePlan,
     next_draw_ns: u64,
+    /// The latest timeline events (table mode shows them under the table).
+    events: VecDeque<String>,
+}
+
+/// Timeline events the table shows.
+const EVENTS_SHOWN: usize = 6;
+
+/// One event as a console line: time, kind, message.
+pub fn event_line(e: &crate::timeline::Event) -> String {
+    let time = e.ts.get(11..19).unwrap_or(&e.ts);
+    format!("{time}  {:<22} {}", e.kind, e.message)
 }
 
 impl ConsoleSink {
@@ -202,6 +213,7 @@ impl ConsoleSink {
             view: Console::new(plan.window_s),
             plan,
             next_draw_ns: 0,
+            events: VecDeque::new(),
         }
     }
 
@@ -209,8 +221,17 @@ impl ConsoleSink {
         let rows = self.view.rows(t.now_ns);
         let in_flight = t.health.in_flight.max(0) as usize;
         if self.plan.table {
+            let mut events = String::new();
+            if !self.events.is_empty() {
+                events.push_str("\nevents (latest last):\n");
+                for l in &self.events {
+                    events.push_str("  ");
+                    events.push_str(l);
+                    events.push('\n');
+                }
+            }
             print!(
-                "\x1b[2J\x1b[H{}",
+                "\x1b[2J\x1b[H{}{events}",
                 Console::render(&rows, in_flight, &t.health.line())
             );
             let _ = std::io::Write::flush(&mut std::io::stdout());
@@ -229,6 +250,21 @@ impl ConsoleSink {
 impl Sink for ConsoleSink {
     fn record(&mut self, f: &Finished) -> anyhow::Result<()> {
         self.view.record(&f.record);
+        Ok(())
+    }
+
+    fn event(&mut self, e: &crate::timeline::Event) -> anyhow::Result<()> {
+        let line = event_line(e);
+        if self.plan.table {
+            if self.events.len() == EVENTS_SHOWN {
+                self.events.pop_front();
+            }
+            self.events.push_back(line);
+        } else if self.plan.to_stderr {
+            eprintln!("event {line}");
+        } else {
+            println!("event {line}");
+        }
         Ok(())
     }
 

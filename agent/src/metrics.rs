@@ -251,6 +251,10 @@ pub struct Metrics {
     /// Engine pid → (engine, model) from records, for GPU instruments.
     engine_names: crate::gpu::engine_instruments::EngineNames,
     _gpu_instruments: Option<crate::gpu::instruments::GpuInstruments>,
+    /// `tokentap.events`: timeline events by kind and subject.
+    events: Counter<u64>,
+    /// The events as OTLP log records.
+    event_export: crate::timeline::otlp::EventExport,
 }
 
 /// An attribute with unbounded values (model names, tenants, callers): the
@@ -341,7 +345,7 @@ impl AttributeMap {
         self.caps.get(&key).map_or(0, Capped::len)
     }
 
-    fn capped(&mut self, key: CapKey, v: Option<&str>) -> String {
+    pub fn capped(&mut self, key: CapKey, v: Option<&str>) -> String {
         let c = self.caps.get_mut(&key).expect("every CapKey has a cap");
         let before = c.overflow;
         let out = c.get(v);
@@ -455,22 +459,8 @@ fn build_provider(
     let reader = PeriodicReader::builder(counted)
         .with_interval(cfg.interval)
         .build();
-    // OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES are read by the
-    // builder's detectors; only default the name when neither sets it.
-    let mut res = Resource::builder();
-    let named = std::env::var_os("OTEL_SERVICE_NAME").is_some()
-        || std::env::var("OTEL_RESOURCE_ATTRIBUTES").is_ok_and(|v| v.contains("service.name="));
-    if !named {
-        res = res.with_service_name("tokentap");
-    }
-    let mut attrs = vec![KeyValue::new("host.name", hostname())];
-    attrs.extend_from_slice(extra);
-    if let Ok(node) = std::env::var("NODE_NAME") {
-        attrs.push(KeyValue::new("k8s.node.name", node));
-    }
-    let resource = res.with_attributes(attrs).build();
     let mut builder = SdkMeterProvider::builder()
-        .with_resource(resource)
+        .with_resource(agent_resource(extra))
         .with_reader(reader);
     if cfg.exponential {
         builder = builder.with_view(|i: &Instrument| {
@@ -489,6 +479,24 @@ fn build_provider(
         });
     }
     Ok(builder.build())
+}
+
+/// The agent's OTLP resource (service, host, node) plus `extra`.
+pub(crate) fn agent_resource(extra: &[KeyValue]) -> Resource {
+    // OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES are read by the
+    // builder's detectors; only default the name when neither sets it.
+    let mut res = Resource::builder();
+    let named = std::env::var_os("OTEL_SERVICE_NAME").is_some()
+        || std::env::var("OTEL_RESOURCE_ATTRIBUTES").is_ok_and(|v| v.contains("service.name="));
+    if !named {
+        res = res.with_service_name("tokentap");
+    }
+    let mut attrs = vec![KeyValue::new("host.name", hostname())];
+    attrs.extend_from_slice(extra);
+    if let Ok(node) = std::env::var("NODE_NAME") {
+        attrs.push(KeyValue::new("k8s.node.name", node));
+    }
+    res.with_attributes(attrs).build()
 }
 
 /// The HTTP exporter wants the full URL; accept a bare collector address.
@@ -594,7 +602,17 @@ impl Metrics {
         let gpu_instruments = extras
             .gpu_devices
             .map(|d| crate::gpu::instruments::register(&meter, d));
+        let events = meter
+            .u64_counter("tokentap.events")
+            .with_unit("{event}")
+            .with_description(
+                "Timeline events (engine, model version, caller, token drift, GPU) by kind",
+            )
+            .build();
+        let event_export = crate::timeline::otlp::EventExport::new(cfg)?;
         Ok(Self {
+            events,
+            event_export,
             _gpu_instruments: gpu_instruments,
             engine_names,
             provider,
@@ -660,7 +678,33 @@ impl Metrics {
 
     /// Final collection and export of every provider (each bounded by the
     /// SDK's 5 s shutdown).
+    /// One timeline event: counted (`tokentap.events`, with the kind and
+    /// the tenant, caller and model version it names, each capped like the
+    /// request attributes) and exported as a log record.
+    pub fn event(&mut self, e: &crate::timeline::Event) {
+        let s = |k: &str| e.attr(k).and_then(|v| v.as_str()).map(str::to_string);
+        let mut attrs = vec![KeyValue::new("tokentap.event.kind", e.kind)];
+        if let Some(t) = s("tokentap.tenant") {
+            let v = self.attrs.capped(CapKey::Tenant, Some(&t));
+            attrs.push(KeyValue::new("tokentap.tenant", v));
+        }
+        if let Some(c) = s("tokentap.caller") {
+            let v = self.attrs.capped(CapKey::Caller, Some(&c));
+            attrs.push(KeyValue::new("tokentap.caller", v));
+        }
+        if let Some(m) = s("tokentap.model.version") {
+            let v = self.attrs.capped(CapKey::ModelVersion, Some(&m));
+            attrs.push(KeyValue::new("tokentap.model.version", v));
+        }
+        if let Some(k) = s("error.type") {
+            attrs.push(KeyValue::new("error.type", k));
+        }
+        self.events.add(1, &attrs);
+        self.event_export.emit(e);
+    }
+
     pub fn shutdown(self) {
+        self.event_export.shutdown();
         for p in std::iter::once(&self.provider).chain(self.containers.values().map(|(p, _)| p)) {
             if let Err(e) = p.shutdown() {
                 eprintln!("tokentap: final OTLP export did not complete: {e}");
@@ -724,6 +768,11 @@ fn register_engine_states(
 impl Sink for Metrics {
     fn record(&mut self, f: &Finished) -> Result<()> {
         Metrics::record(self, f);
+        Ok(())
+    }
+
+    fn event(&mut self, e: &crate::timeline::Event) -> Result<()> {
+        Metrics::event(self, e);
         Ok(())
     }
 

@@ -30,6 +30,7 @@ pub mod drift;
 pub mod engines;
 pub mod gpu;
 pub mod log;
+pub mod otlp;
 #[cfg(test)]
 mod tests;
 

@@ -1,0 +1,115 @@
+//! Timeline events as OTLP log records, to the collector the metrics go to
+//! (same endpoint and protocol; `/v1/logs` over HTTP). Each record has the
+//! event's kind as its event name and `tokentap.event.kind` attribute, the
+//! message as its body, and the event's attributes (strings, numbers,
+//! booleans; lists and objects as JSON text). Exported in batches by the
+//! SDK's own thread; a collector that is down loses nothing the events log
+//! keeps.
+
+use std::time::{Duration, UNIX_EPOCH};
+
+use anyhow::{Context as _, Result};
+use opentelemetry::{
+    logs::{AnyValue, LogRecord as _, Logger as _, LoggerProvider as _, Severity},
+    Key,
+};
+use opentelemetry_otlp::{Protocol, WithExportConfig};
+use opentelemetry_sdk::logs::{SdkLogger, SdkLoggerProvider};
+use serde_json::Value;
+
+use super::Event;
+use crate::metrics::{MetricsConfig, OtlpProtocol};
+
+pub struct EventExport {
+    provider: SdkLoggerProvider,
+    logger: SdkLogger,
+}
+
+/// The logs URL for an HTTP collector address (bare, or a metrics URL).
+fn logs_url(endpoint: &str) -> String {
+    let e = endpoint.trim_end_matches('/');
+    let e = e.strip_suffix("/v1/metrics").unwrap_or(e);
+    if e.ends_with("/v1/logs") {
+        e.to_string()
+    } else {
+        format!("{e}/v1/logs")
+    }
+}
+
+fn any_value(v: &Value) -> AnyValue {
+    match v {
+        Value::Bool(b) => AnyValue::Boolean(*b),
+        Value::Number(n) => match (n.as_i64(), n.as_f64()) {
+            (Some(i), _) => AnyValue::Int(i),
+            (None, Some(f)) => AnyValue::Double(f),
+            _ => AnyValue::String(n.to_string().into()),
+        },
+        Value::String(s) => AnyValue::String(s.clone().into()),
+        other => AnyValue::String(other.to_string().into()),
+    }
+}
+
+impl EventExport {
+    /// Needs a tokio runtime for gRPC (like the metrics exporter).
+    pub fn new(cfg: &MetricsConfig) -> Result<Self> {
+        let exporter = match cfg.protocol {
+            OtlpProtocol::Grpc => {
+                let mut b = opentelemetry_otlp::LogExporter::builder()
+                    .with_tonic()
+                    .with_timeout(Duration::from_secs(5));
+                if let Some(e) = &cfg.endpoint {
+                    b = b.with_endpoint(e.clone());
+                }
+                b.build().context("building the OTLP/gRPC log exporter")?
+            }
+            OtlpProtocol::HttpProtobuf => {
+                let mut b = opentelemetry_otlp::LogExporter::builder()
+                    .with_http()
+                    .with_protocol(Protocol::HttpBinary)
+                    .with_timeout(Duration::from_secs(5));
+                if let Some(e) = &cfg.endpoint {
+                    b = b.with_endpoint(logs_url(e));
+                }
+                b.build().context("building the OTLP/HTTP log exporter")?
+            }
+        };
+        let provider = SdkLoggerProvider::builder()
+            .with_resource(crate::metrics::agent_resource(&[]))
+            .with_batch_exporter(exporter)
+            .build();
+        let logger = provider.logger("tokentap");
+        Ok(Self { provider, logger })
+    }
+
+    pub fn emit(&self, e: &Event) {
+        let mut r = self.logger.create_log_record();
+        r.set_event_name(e.kind);
+        r.set_timestamp(UNIX_EPOCH + Duration::from_nanos(e.ts_ns));
+        r.set_observed_timestamp(std::time::SystemTime::now());
+        r.set_severity_number(Severity::Info);
+        r.set_severity_text("INFO");
+        r.set_body(AnyValue::String(e.message.clone().into()));
+        r.add_attribute(Key::from_static_str("tokentap.event.kind"), e.kind);
+        for (k, v) in &e.attributes {
+            r.add_attribute(Key::new(k.clone()), any_value(v));
+        }
+        self.logger.emit(r);
+    }
+
+    /// Exports what is queued (blocking; call off the async workers).
+    pub fn shutdown(&self) {
+        if let Err(e) = self.provider.shutdown() {
+            eprintln!("tokentap: final OTLP export of events did not complete: {e}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn logs_url_from_a_bare_address_or_a_metrics_url() {
+        assert_eq!(super::logs_url("http://c:4318"), "http://c:4318/v1/logs");
+        assert_eq!(super::logs_url("http://c:4318/v1/metrics"), "http://c:4318/v1/logs");
+        assert_eq!(super::logs_url("http://c:4318/v1/logs/"), "http://c:4318/v1/logs");
+    }
+}
