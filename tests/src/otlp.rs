@@ -8,6 +8,10 @@ use serde_json::Value;
 use crate::http;
 
 use opentelemetry_proto::tonic::{
+    collector::logs::v1::{
+        logs_service_server::{LogsService, LogsServiceServer},
+        ExportLogsServiceRequest, ExportLogsServiceResponse,
+    },
     collector::metrics::v1::{
         metrics_service_server::{MetricsService, MetricsServiceServer},
         ExportMetricsServiceRequest, ExportMetricsServiceResponse,
@@ -32,19 +36,128 @@ impl MetricsService for Sink {
 /// Serves OTLP/gRPC metrics on 127.0.0.1:`port` on `rt` (0: any free
 /// port, bound at once so nothing can take it first); returns the port.
 pub fn start_receiver(rt: &tokio::runtime::Runtime, port: u16) -> (Sink, u16) {
+    let (sink, _, port) = start_receiver_with_logs(rt, port);
+    (sink, port)
+}
+
+/// A received log record: event name, body text, attributes (key, value
+/// as text).
+pub type LogRecord = (String, String, Vec<(String, String)>);
+
+/// OTLP/gRPC log records received (timeline events).
+#[derive(Clone, Default)]
+pub struct LogSink(pub Arc<Mutex<Vec<ExportLogsServiceRequest>>>);
+
+#[tonic::async_trait]
+impl LogsService for LogSink {
+    async fn export(
+        &self,
+        req: tonic::Request<ExportLogsServiceRequest>,
+    ) -> Result<tonic::Response<ExportLogsServiceResponse>, tonic::Status> {
+        self.0.lock().unwrap().push(req.into_inner());
+        Ok(tonic::Response::new(ExportLogsServiceResponse::default()))
+    }
+}
+
+impl LogSink {
+    /// Every log record received: (event name, body text, attributes as
+    /// key → value text).
+    pub fn records(&self) -> Vec<LogRecord> {
+        use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
+        let text = |v: Option<&Any>| match v {
+            Some(Any::StringValue(s)) => s.clone(),
+            Some(Any::IntValue(i)) => i.to_string(),
+            Some(Any::BoolValue(b)) => b.to_string(),
+            Some(Any::DoubleValue(d)) => d.to_string(),
+            other => format!("{other:?}"),
+        };
+        let mut out = vec![];
+        for e in self.0.lock().unwrap().iter() {
+            for rl in &e.resource_logs {
+                for sl in &rl.scope_logs {
+                    for r in &sl.log_records {
+                        out.push((
+                            r.event_name.clone(),
+                            text(r.body.as_ref().and_then(|b| b.value.as_ref())),
+                            r.attributes
+                                .iter()
+                                .map(|kv| {
+                                    (
+                                        kv.key.clone(),
+                                        text(kv.value.as_ref().and_then(|v| v.value.as_ref())),
+                                    )
+                                })
+                                .collect(),
+                        ));
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Like [`start_receiver`], also receiving OTLP logs.
+pub fn start_receiver_with_logs(rt: &tokio::runtime::Runtime, port: u16) -> (Sink, LogSink, u16) {
     let sink = Sink::default();
+    let logs = LogSink::default();
     let listener = rt
         .block_on(tokio::net::TcpListener::bind(("127.0.0.1", port)))
         .unwrap();
     let port = listener.local_addr().unwrap().port();
     let svc = sink.clone();
+    let lsvc = logs.clone();
     rt.spawn(async move {
         tonic::transport::Server::builder()
             .add_service(MetricsServiceServer::new(svc))
+            .add_service(LogsServiceServer::new(lsvc))
             .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener))
             .await
     });
-    (sink, port)
+    (sink, logs, port)
+}
+
+/// Data-point counts of histogram `name` in the last export that has it,
+/// summed per value of attribute `attr`.
+pub fn histogram_counts_by(
+    exports: &[ExportMetricsServiceRequest],
+    name: &str,
+    attr: &str,
+) -> std::collections::BTreeMap<String, u64> {
+    use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
+    let mut out = std::collections::BTreeMap::new();
+    for e in exports.iter().rev() {
+        let mut found = false;
+        for rm in &e.resource_metrics {
+            for sm in &rm.scope_metrics {
+                for m in &sm.metrics {
+                    if m.name != name {
+                        continue;
+                    }
+                    if let Some(Data::Histogram(h)) = &m.data {
+                        found = true;
+                        for p in &h.data_points {
+                            let v = p
+                                .attributes
+                                .iter()
+                                .find(|kv| kv.key == attr)
+                                .and_then(|kv| kv.value.as_ref().and_then(|v| v.value.as_ref()))
+                                .map(|v| match v {
+                                    Any::StringValue(s) => s.clone(),
+                                    other => format!("{other:?}"),
+                                })
+                                .unwrap_or_default();
+                            *out.entry(v).or_insert(0) += p.count;
+                        }
+                    }
+                }
+            }
+        }
+        if found {
+            return out;
+        }
+    }
+    out
 }
 
 /// Cumulative (sum of counts, sum of sums) of a histogram in the last

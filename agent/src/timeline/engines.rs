@@ -21,15 +21,19 @@ pub struct Engines {
 
 fn engine_event(k: &'static str, ts: u64, pid: u32, p: &ProcessInfo, what: &str) -> Event {
     let engine = p.engine.as_deref().unwrap_or("engine");
-    let model = p.model.as_deref().unwrap_or("an unknown model");
-    let version = p.model_version.as_deref().unwrap_or("?");
+    let serving = p
+        .model
+        .as_deref()
+        .map(|m| format!(" serving {m}"))
+        .unwrap_or_default();
+    let version = p.model_version.as_deref().unwrap_or("unknown");
     let ports: Vec<String> = p.listen_ports.iter().map(|p| p.to_string()).collect();
     let c = p.container.as_ref();
     Event::new(
         ts,
         k,
         format!(
-            "{engine} (pid {pid}) serving {model} (version {version}) on port {} {what}",
+            "{engine} (pid {pid}){serving}, model version {version}, port {} {what}",
             ports.join(",")
         ),
     )

@@ -109,7 +109,13 @@ mod tests {
     #[test]
     fn logs_url_from_a_bare_address_or_a_metrics_url() {
         assert_eq!(super::logs_url("http://c:4318"), "http://c:4318/v1/logs");
-        assert_eq!(super::logs_url("http://c:4318/v1/metrics"), "http://c:4318/v1/logs");
-        assert_eq!(super::logs_url("http://c:4318/v1/logs/"), "http://c:4318/v1/logs");
+        assert_eq!(
+            super::logs_url("http://c:4318/v1/metrics"),
+            "http://c:4318/v1/logs"
+        );
+        assert_eq!(
+            super::logs_url("http://c:4318/v1/logs/"),
+            "http://c:4318/v1/logs"
+        );
     }
 }

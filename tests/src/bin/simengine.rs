@@ -9,6 +9,9 @@
 //! `GET /metrics` answers a Prometheus exposition in llama.cpp server's
 //! names (`llamacpp:requests_processing` = requests being answered now).
 //! `"tool_call": true` streams tool-call deltas instead of content.
+//! `prompt_tokens` is what the usage report says the prompt had (default
+//! 5); `queue_ms_per_inflight` adds that many ms to the time to first token
+//! per request already being answered (an engine that queues under load).
 //! `status` other than 200 answers with that error; `write` picks the
 //! syscall for stream chunks (`write`, `writev`, `send`), like engines that
 //! differ in their I/O paths. The engine appends one JSON line per request
@@ -139,12 +142,16 @@ fn serve(stream: TcpStream, truth: Arc<Mutex<Option<std::fs::File>>>) {
             }
             continue;
         }
-        IN_FLIGHT.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let busy = IN_FLIGHT.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let sim = &body["sim"];
         let get = |k: &str, d: u64| sim[k].as_u64().unwrap_or(d);
         let id = get("id", 0);
         let status = get("status", 200);
-        let ttft = Duration::from_millis(get("ttft_ms", 10));
+        // A busy engine queues: each request already being answered adds
+        // `queue_ms_per_inflight` to this one's time to first token.
+        let ttft =
+            Duration::from_millis(get("ttft_ms", 10) + busy * get("queue_ms_per_inflight", 0));
+        let prompt_tokens = get("prompt_tokens", 5);
         let gap = Duration::from_millis(get("gap_ms", 2));
         let tokens = get("tokens", 8) as usize;
         let how = sim["write"].as_str().unwrap_or("write").to_string();
@@ -166,7 +173,7 @@ fn serve(stream: TcpStream, truth: Arc<Mutex<Option<std::fs::File>>>) {
             ok = end.is_some();
         } else if !stream_req {
             std::thread::sleep(ttft + gap * tokens as u32);
-            let b = json!({"model": model, "choices": [{"index": 0, "message": {"role": "assistant", "content": "tok ".repeat(tokens)}, "finish_reason": "length"}], "usage": {"prompt_tokens": 5, "completion_tokens": tokens}}).to_string();
+            let b = json!({"model": model, "choices": [{"index": 0, "message": {"role": "assistant", "content": "tok ".repeat(tokens)}, "finish_reason": "length"}], "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": tokens}}).to_string();
             end = timed_write(
                 fd,
                 http::response(200, "application/json", &b).as_bytes(),
@@ -207,7 +214,7 @@ fn serve(stream: TcpStream, truth: Arc<Mutex<Option<std::fs::File>>>) {
                 if usage {
                     tail += &chunk(&format!(
                         "data: {}\n\n",
-                        json!({"model": model, "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": tokens}})
+                        json!({"model": model, "choices": [], "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": tokens}})
                     ));
                 }
                 tail += &chunk("data: [DONE]\n\n");
