@@ -609,7 +609,7 @@ impl Metrics {
                 "Timeline events (engine, model version, caller, token drift, GPU) by kind",
             )
             .build();
-        let event_export = crate::timeline::otlp::EventExport::new(cfg)?;
+        let event_export = crate::timeline::otlp::EventExport::new(cfg, health.clone())?;
         Ok(Self {
             events,
             event_export,

@@ -6,7 +6,13 @@
 //! SDK's own thread; a collector that is down loses nothing the events log
 //! keeps.
 
-use std::time::{Duration, UNIX_EPOCH};
+use std::{
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    time::{Duration, UNIX_EPOCH},
+};
 
 use anyhow::{Context as _, Result};
 use opentelemetry::{
@@ -14,11 +20,59 @@ use opentelemetry::{
     Key,
 };
 use opentelemetry_otlp::{Protocol, WithExportConfig};
-use opentelemetry_sdk::logs::{SdkLogger, SdkLoggerProvider};
+use opentelemetry_sdk::{
+    error::OTelSdkResult,
+    logs::{LogBatch, LogExporter, SdkLogger, SdkLoggerProvider},
+    Resource,
+};
 use serde_json::Value;
 
 use super::Event;
-use crate::metrics::{MetricsConfig, OtlpProtocol};
+use crate::{
+    metrics::{MetricsConfig, OtlpProtocol},
+    pipeline::health::Health,
+};
+
+/// The log exporter, with failures counted in `tokentap.export.failures`
+/// and said once per outage (a Collector without a `logs` pipeline
+/// refuses them: the events log and the `tokentap.events` counter still
+/// have every event).
+#[derive(Debug)]
+struct Counted<E> {
+    inner: E,
+    health: Arc<Health>,
+    failing: AtomicBool,
+}
+
+impl<E: LogExporter> LogExporter for Counted<E> {
+    async fn export(&self, batch: LogBatch<'_>) -> OTelSdkResult {
+        let r = self.inner.export(batch).await;
+        match &r {
+            Ok(()) => {
+                if self.failing.swap(false, Ordering::Relaxed) {
+                    eprintln!("tokentap: OTLP export of timeline events works again");
+                }
+            }
+            Err(e) => {
+                self.health.export_failures.fetch_add(1, Ordering::Relaxed);
+                if !self.failing.swap(true, Ordering::Relaxed) {
+                    eprintln!(
+                        "tokentap: OTLP export of timeline events failed ({e}); does the Collector have a logs pipeline? Events are still counted in tokentap.events and written to --events-log"
+                    );
+                }
+            }
+        }
+        r
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.inner.set_resource(resource);
+    }
+}
 
 pub struct EventExport {
     provider: SdkLoggerProvider,
@@ -51,7 +105,7 @@ fn any_value(v: &Value) -> AnyValue {
 
 impl EventExport {
     /// Needs a tokio runtime for gRPC (like the metrics exporter).
-    pub fn new(cfg: &MetricsConfig) -> Result<Self> {
+    pub fn new(cfg: &MetricsConfig, health: Arc<Health>) -> Result<Self> {
         let exporter = match cfg.protocol {
             OtlpProtocol::Grpc => {
                 let mut b = opentelemetry_otlp::LogExporter::builder()
@@ -75,7 +129,11 @@ impl EventExport {
         };
         let provider = SdkLoggerProvider::builder()
             .with_resource(crate::metrics::agent_resource(&[]))
-            .with_batch_exporter(exporter)
+            .with_batch_exporter(Counted {
+                inner: exporter,
+                health,
+                failing: AtomicBool::new(false),
+            })
             .build();
         let logger = provider.logger("tokentap");
         Ok(Self { provider, logger })
