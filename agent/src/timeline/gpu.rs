@@ -168,3 +168,86 @@ impl Gpus {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::types::GpuProcess;
+    use crate::pipeline::ProcessInfo;
+
+    fn sample(t: u64, reasons: &[&str], used_gib: u64) -> GpuSample {
+        GpuSample {
+            ts_ns: t * 1_000_000_000,
+            devices: vec![DeviceSample {
+                index: 0,
+                uuid: "GPU-0".into(),
+                name: "H200".into(),
+                memory_used_bytes: Some(used_gib << 30),
+                memory_total_bytes: Some(100 << 30),
+                sm_clock_mhz: Some(1200),
+                throttle_reasons: Some(reasons.iter().map(|r| r.to_string()).collect()),
+                processes: vec![GpuProcess {
+                    pid: 42,
+                    used_bytes: None,
+                    sm_util: None,
+                }],
+                ..Default::default()
+            }],
+        }
+    }
+
+    #[test]
+    fn throttling_needs_three_samples_each_way_and_memory_high_fires_once() {
+        let mut node = NodeState::default();
+        node.processes.insert(
+            42,
+            ProcessInfo {
+                engine: Some("vllm".into()),
+                ..Default::default()
+            },
+        );
+        let mut g = Gpus::new(&Config::default());
+        let mut out = vec![];
+        // A lone throttled sample (flapping) and chosen clocks: nothing.
+        let seq: &[(&[&str], u64)] = &[
+            (&["sw_power_cap"], 50),
+            (&[], 50),
+            (&["applications_clocks_setting"], 50),
+            (&["applications_clocks_setting"], 50),
+            (&["applications_clocks_setting"], 50),
+            // Power capped for good; memory fills (once), dips 2 points
+            // (no re-arm), goes high again.
+            (&["sw_power_cap"], 96),
+            (&["sw_power_cap", "sw_thermal_slowdown"], 93),
+            (&["sw_power_cap"], 97),
+            (&["sw_power_cap"], 50),
+            (&[], 50),
+            (&[], 50),
+            (&[], 50),
+        ];
+        for (t, (r, m)) in seq.iter().enumerate() {
+            g.on_sample(&sample(t as u64, r, *m), &node, &mut out);
+        }
+        let kinds: Vec<(&str, u64)> = out
+            .iter()
+            .map(|e| (e.kind, e.ts_ns / 1_000_000_000))
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                (kind::GPU_MEMORY_HIGH, 5),
+                (kind::GPU_THROTTLE_START, 7),
+                (kind::GPU_THROTTLE_STOP, 11)
+            ]
+        );
+        assert_eq!(
+            out[1].attr("reasons").unwrap(),
+            &serde_json::json!(["sw_power_cap"])
+        );
+        assert_eq!(
+            out[1].attr("engines").unwrap(),
+            &serde_json::json!(["vllm (pid 42)"])
+        );
+        assert_eq!(out[2].attr("duration_s").unwrap(), 4.0);
+    }
+}
