@@ -15,7 +15,7 @@
 /// Bumped whenever a layout below changes. The kernel object carries it in
 /// its [`ABI_SECTION`] ELF section; the agent compares the two before
 /// loading and refuses a mismatch.
-pub const ABI_VERSION: u32 = 5;
+pub const ABI_VERSION: u32 = 6;
 
 /// ELF section of the kernel object holding [`ABI_VERSION`] as a
 /// little-endian u32.
@@ -63,6 +63,10 @@ pub enum RecordKind {
     /// succeeded and on which port, userspace checks): the moment a new
     /// server becomes reachable.
     Listen = 7,
+    /// A data segment reached an engine's socket in the kernel's TCP
+    /// receive path (`tcp:tcp_probe`): `ret` is its length, `fd` the local
+    /// port, `family`/`port`/`addr` the peer; `tgid` 0 (softirq context).
+    Arrival = 8,
 }
 
 impl RecordKind {
@@ -75,6 +79,7 @@ impl RecordKind {
             5 => Self::Exit,
             6 => Self::Fork,
             7 => Self::Listen,
+            8 => Self::Arrival,
             _ => return None,
         })
     }
@@ -202,6 +207,30 @@ pub struct RecordHeader {
     pub port: u16,
     /// Peer address: IPv4 in the first 4 bytes, or IPv6 (open records).
     pub addr: [u8; 16],
+}
+
+/// Offsets in the `tcp:tcp_probe` tracepoint record the arrival program
+/// reads (Linux 5.x–6.x layout; the agent compares them with the format
+/// file before attaching, and leaves the program off when they differ).
+pub mod arrival_tp {
+    /// `__u8 daddr[28]`: the peer, a sockaddr_in or sockaddr_in6.
+    pub const DADDR: usize = 36;
+    /// `__u16 sport`: the local port, host order.
+    pub const SPORT: usize = 64;
+    /// `__u16 dport`: the peer's port, host order.
+    pub const DPORT: usize = 66;
+    /// `__u16 family`.
+    pub const FAMILY: usize = 68;
+    /// `__u16 data_len`: payload bytes of the segment.
+    pub const DATA_LEN: usize = 76;
+    /// (field name, offset, size) as the format file must say.
+    pub const FIELDS: [(&str, usize, usize); 5] = [
+        ("daddr", DADDR, 28),
+        ("sport", SPORT, 2),
+        ("dport", DPORT, 2),
+        ("family", FAMILY, 2),
+        ("data_len", DATA_LEN, 2),
+    ];
 }
 
 /// Per-call capture limit and switches, written by userspace into the

@@ -7,12 +7,15 @@
 //! slow the traced process beyond a map lookup when it is not targeted.
 //!
 //! One file per hook family: `data.rs` (read/write family), `conn.rs`
-//! (accept/connect/close), `process.rs` (exec/fork/exit). Maps live in
+//! (accept/connect/close), `process.rs` (exec/fork/exit), `arrival.rs`
+//! (`tcp:tcp_probe`: when a request's bytes reach an engine's socket). Maps live in
 //! `maps.rs`. The object carries the record-layout version in its
 //! `tokentap_abi` section; the agent checks it before loading.
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
 
+#[cfg(target_arch = "bpf")]
+mod arrival;
 #[cfg(target_arch = "bpf")]
 mod conn;
 #[cfg(target_arch = "bpf")]

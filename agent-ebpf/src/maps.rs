@@ -30,6 +30,11 @@ pub static ACTIVE: LruHashMap<u64, Pending> = LruHashMap::with_max_entries(16384
 #[map]
 pub static FORKING: LruHashMap<u64, u8> = LruHashMap::with_max_entries(4096, 0);
 
+/// Local ports of the engines' listening sockets: segments received on
+/// them get an arrival record (value unused). Kept by userspace.
+#[map]
+pub static ARRIVAL_PORTS: HashMap<u16, u8> = HashMap::with_max_entries(1024, 0);
+
 /// Records to userspace.
 #[map]
 pub static EVENTS: RingBuf = RingBuf::with_byte_size(16 * 1024 * 1024, 0);

@@ -19,7 +19,7 @@ use anyhow::{Context, Result};
 use base64::{engine::general_purpose::STANDARD as B64, Engine as _};
 use serde::{Deserialize, Serialize};
 
-use crate::event::{CloseEvent, DataEvent, Dir, OpenEvent, Role, SocketEvent};
+use crate::event::{ArrivalEvent, CloseEvent, DataEvent, Dir, OpenEvent, Role, SocketEvent};
 
 #[derive(Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "lowercase")]
@@ -51,6 +51,12 @@ enum Line {
         ts_ns: u64,
         pid: u32,
         fd: i32,
+    },
+    Arrival {
+        ts_ns: u64,
+        local_port: u16,
+        peer: String,
+        len: u32,
     },
 }
 
@@ -99,6 +105,12 @@ pub fn to_line(ev: &SocketEvent) -> String {
             ts_ns: e.ts_ns,
             pid: e.pid,
             fd: e.fd,
+        },
+        SocketEvent::Arrival(e) => Line::Arrival {
+            ts_ns: e.ts_ns,
+            local_port: e.local_port,
+            peer: e.peer.to_string(),
+            len: e.len,
         },
     };
     // Serialising plain structs of numbers and strings cannot fail.
@@ -163,6 +175,17 @@ pub fn from_line(text: &str) -> Result<SocketEvent> {
             syscall,
         }),
         Line::Close { ts_ns, pid, fd } => SocketEvent::Close(CloseEvent { ts_ns, pid, fd }),
+        Line::Arrival {
+            ts_ns,
+            local_port,
+            peer,
+            len,
+        } => SocketEvent::Arrival(ArrivalEvent {
+            ts_ns,
+            local_port,
+            peer: addr(Some(peer))?.context("an arrival needs its peer")?,
+            len,
+        }),
     })
 }
 
@@ -307,6 +330,12 @@ mod tests {
                 ret: -32,
                 data: vec![],
                 syscall: None,
+            }),
+            SocketEvent::Arrival(ArrivalEvent {
+                ts_ns: 9,
+                local_port: 8000,
+                peer: "[::1]:5000".parse().unwrap(),
+                len: 120,
             }),
             SocketEvent::Close(CloseEvent {
                 ts_ns: 4,

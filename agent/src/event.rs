@@ -69,11 +69,27 @@ pub struct CloseEvent {
     pub fd: i32,
 }
 
+/// A data segment reached a listening engine's socket in the kernel's TCP
+/// receive path (before, and whether or not, the engine reads it; also
+/// before `accept()` returns). Joined to its connection by the local port
+/// and the peer's address.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ArrivalEvent {
+    /// Wall-clock UNIX-epoch nanoseconds.
+    pub ts_ns: u64,
+    /// The engine's (local) port.
+    pub local_port: u16,
+    pub peer: SocketAddr,
+    /// Payload bytes of the segment.
+    pub len: u32,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SocketEvent {
     Open(OpenEvent),
     Data(DataEvent),
     Close(CloseEvent),
+    Arrival(ArrivalEvent),
 }
 
 impl SocketEvent {
@@ -82,15 +98,18 @@ impl SocketEvent {
             Self::Open(e) => e.ts_ns,
             Self::Data(e) => e.ts_ns,
             Self::Close(e) => e.ts_ns,
+            Self::Arrival(e) => e.ts_ns,
         }
     }
 
-    /// (pid, fd): the connection this event belongs to.
-    pub fn conn(&self) -> (u32, i32) {
+    /// (pid, fd): the connection this event belongs to (None for an
+    /// arrival, which the kernel sees before any process does).
+    pub fn conn(&self) -> Option<(u32, i32)> {
         match self {
-            Self::Open(e) => (e.pid, e.fd),
-            Self::Data(e) => (e.pid, e.fd),
-            Self::Close(e) => (e.pid, e.fd),
+            Self::Open(e) => Some((e.pid, e.fd)),
+            Self::Data(e) => Some((e.pid, e.fd)),
+            Self::Close(e) => Some((e.pid, e.fd)),
+            Self::Arrival(_) => None,
         }
     }
 }

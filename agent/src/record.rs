@@ -14,7 +14,9 @@ use serde::Serialize;
 /// `None` serialises as `null` and means unknown / not applicable.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct RequestRecord {
-    /// RFC 3339 UTC time of t0 (the first request byte read).
+    /// RFC 3339 UTC time of t0: when the request's first byte reached the
+    /// engine's socket (`t0_source` "arrival"), else when the engine read
+    /// it ("read").
     pub ts: String,
     pub pid: u32,
     /// `container.id` of the engine's container (64 hex), from its cgroup;
@@ -78,6 +80,16 @@ pub struct RequestRecord {
     pub ttft_answer_s: Option<f64>,
     /// Nanosecond t0, for joins and replays.
     pub t0_ns: u64,
+    /// What t0 is: `arrival` (the first request byte reached the engine's
+    /// socket, from the kernel's TCP receive path: `ttft_s` and
+    /// `duration_s` include the time it waited unread) or `read` (the
+    /// engine's first read of it: arrival unknown — a connection open
+    /// before the agent started, arrival tracing off, a replay of a capture
+    /// without arrivals).
+    pub t0_source: Option<&'static str>,
+    /// Time the request waited in the socket before the engine read its
+    /// first byte (s): first read − arrival. Null when t0 is the read.
+    pub queue_s: Option<f64>,
     /// The serving engine's GPUs (UUIDs), from the GPU join; null when GPU
     /// sampling is off or the engine has no process on a GPU.
     pub gpu_uuids: Option<Vec<String>>,

@@ -21,7 +21,7 @@ use super::{
 };
 use crate::event::{OpenEvent, Role, SocketEvent};
 
-fn peer_from_header(h: &RecordHeader) -> Option<SocketAddr> {
+pub(super) fn peer_from_header(h: &RecordHeader) -> Option<SocketAddr> {
     let ip = match h.family {
         AF_INET => IpAddr::V4(Ipv4Addr::new(h.addr[0], h.addr[1], h.addr[2], h.addr[3])),
         AF_INET6 => {

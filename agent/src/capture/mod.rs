@@ -64,6 +64,9 @@ pub struct CaptureOptions {
     /// Start even with no target (targets are added later with
     /// [`Capture::add_target`], e.g. by discovery).
     pub allow_no_targets: bool,
+    /// Timestamp request bytes as they reach the engines' sockets
+    /// (`tcp:tcp_probe`); off, or refused by the kernel: t0 is the read.
+    pub arrival: bool,
 }
 
 impl Default for CaptureOptions {
@@ -76,6 +79,7 @@ impl Default for CaptureOptions {
             max_conns: 65536,
             proc_root: PathBuf::from("/proc"),
             allow_no_targets: false,
+            arrival: true,
         }
     }
 }
@@ -160,6 +164,10 @@ pub struct Capture {
     // Field order matters for drop: programs detach before maps go.
     ring: AsyncFd<RingBuf<MapData>>,
     st: State,
+    /// The engines' ports the arrival program watches (None: arrival
+    /// timestamps off or refused), and what it holds now.
+    arrival_ports: Option<HashMap<MapData, u16, u8>>,
+    arrival_set: HashSet<u16>,
     _config: Array<MapData, Config>,
     _ebpf: Ebpf,
 }
@@ -211,6 +219,22 @@ impl Capture {
             0,
         )?;
         programs::attach_agent(&mut ebpf)?;
+        let arrival_ports = if opts.arrival {
+            match programs::attach_arrival(&mut ebpf) {
+                Ok(()) => Some(HashMap::try_from(
+                    ebpf.take_map("ARRIVAL_PORTS")
+                        .context("ARRIVAL_PORTS map missing")?,
+                )?),
+                Err(e) => {
+                    eprintln!(
+                        "tokentap: request arrival times off ({e:#}): t0 is the engine's first read, time unread in the socket is not measured"
+                    );
+                    None
+                }
+            }
+        } else {
+            None
+        };
 
         let targets = HashMap::try_from(ebpf.take_map("TARGETS").context("TARGETS map missing")?)?;
         let conns = HashMap::try_from(ebpf.take_map("CONNS").context("CONNS map missing")?)?;
@@ -249,12 +273,42 @@ impl Capture {
         for pid in pids {
             st.add_tree(pid)?;
         }
-        Ok(Self {
+        let mut cap = Self {
             ring,
             st,
+            arrival_ports,
+            arrival_set: HashSet::new(),
             _config: config,
             _ebpf: ebpf,
-        })
+        };
+        // --port: the engines' ports are known before any engine is.
+        let ports = opts.ports.clone();
+        cap.set_arrival_ports(ports.iter().copied());
+        Ok(cap)
+    }
+
+    /// Whether request arrivals are timestamped in the kernel.
+    pub fn arrival_on(&self) -> bool {
+        self.arrival_ports.is_some()
+    }
+
+    /// The local ports whose received segments get arrival timestamps: the
+    /// targeted engines' listening ports (set, not added: ports no engine
+    /// listens on any more are dropped).
+    pub fn set_arrival_ports(&mut self, ports: impl IntoIterator<Item = u16>) {
+        let Some(map) = &mut self.arrival_ports else {
+            return;
+        };
+        let want: HashSet<u16> = ports.into_iter().collect();
+        for p in self.arrival_set.difference(&want) {
+            let _ = map.remove(p);
+        }
+        for p in want.difference(&self.arrival_set) {
+            if let Err(e) = map.insert(p, 1, 0) {
+                log::warn!("arrival port {p} not watched: {e}");
+            }
+        }
+        self.arrival_set = want;
     }
 
     /// Starts capturing `pid` too, and its living descendants, with open

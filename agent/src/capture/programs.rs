@@ -213,6 +213,8 @@ pub(super) fn agent_attach_point(name: &str, fork: Option<&str>) -> Option<(&'st
         Some(("sched", name.to_string()))
     } else if name.starts_with("fork_") && fork == Some(name) {
         Some(("sched", "sched_process_fork".to_string()))
+    } else if name == "tcp_probe" {
+        None // attached by attach_arrival, when wanted and possible
     } else {
         None
     }
@@ -233,10 +235,21 @@ fn attach_programs(
             .context("program vanished")?
             .try_into()?;
         if let Err(e) = prog.load() {
+            // EPERM/EACCES with an empty verifier log is a privilege
+            // refusal, not the verifier's judgement (which also says
+            // EACCES, with its log).
+            let refused = match &e {
+                aya::programs::ProgramError::LoadError {
+                    io_error,
+                    verifier_log,
+                } => {
+                    io_error.kind() == std::io::ErrorKind::PermissionDenied
+                        && verifier_log.to_string().trim().is_empty()
+                }
+                _ => false,
+            };
             let text = format!("{e:?}");
-            // EPERM with an empty verifier log is a privilege refusal, not
-            // the verifier's judgement.
-            if text.contains("PermissionDenied") || text.contains("Operation not permitted") {
+            if refused {
                 anyhow::bail!(
                     "the kernel refused to load {name}: Operation not permitted — tracepoint programs need CAP_PERFMON (with CAP_BPF) or root ({text})"
                 );
@@ -274,6 +287,49 @@ pub(super) fn attach_agent(ebpf: &mut Ebpf) -> Result<()> {
         }
         Some((category, tp))
     })
+}
+
+/// Attaches the arrival program to `tcp:tcp_probe` when the tracepoint's
+/// record has the layout it reads (`agent_ebpf::arrival_tp`); an error
+/// says why not (the agent then runs without arrival times).
+pub(super) fn attach_arrival(ebpf: &mut Ebpf) -> Result<()> {
+    let format = tracefs_events().join("tcp/tcp_probe/format");
+    let text = std::fs::read_to_string(&format)
+        .with_context(|| format!("no tcp:tcp_probe tracepoint ({})", format.display()))?;
+    arrival_layout_matches(&text)?;
+    attach_programs(ebpf, |name| {
+        (name == "tcp_probe").then(|| ("tcp", "tcp_probe".to_string()))
+    })
+}
+
+/// Checks a `tcp_probe` format file against the offsets the program reads.
+pub fn arrival_layout_matches(format: &str) -> Result<()> {
+    for (field, offset, size) in agent_ebpf::arrival_tp::FIELDS {
+        let line = format
+            .lines()
+            .find(|l| {
+                l.split(';').next().is_some_and(|d| {
+                    d.ends_with(&format!(" {field}")) || d.ends_with(&format!(" {field}[28]"))
+                })
+            })
+            .with_context(|| format!("tcp_probe has no field {field}"))?;
+        let num = |key: &str| -> Option<usize> {
+            line.split(key)
+                .nth(1)?
+                .split(';')
+                .next()?
+                .trim()
+                .parse()
+                .ok()
+        };
+        if num("offset:") != Some(offset) || num("size:") != Some(size) {
+            anyhow::bail!(
+                "tcp_probe's {field} is not at offset {offset} (size {size}) on this kernel: {}",
+                line.trim()
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Tracepoints some architectures lack.

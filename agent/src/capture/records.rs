@@ -9,7 +9,7 @@
 use agent_ebpf::{conn_key, Direction, RecordHeader, RecordKind, Syscall, HEADER_BYTES};
 
 use super::State;
-use crate::event::{CloseEvent, DataEvent, Dir, SocketEvent};
+use crate::event::{ArrivalEvent, CloseEvent, DataEvent, Dir, SocketEvent};
 
 /// Process events kept between two `Capture::take_proc_events` calls at
 /// most; later ones are counted in `CaptureStats::proc_events_dropped`.
@@ -80,6 +80,17 @@ impl State {
                 pid: h.tgid,
                 fd: h.fd,
             }),
+            Some(RecordKind::Arrival) => {
+                if let Some(peer) = super::conns::peer_from_header(&h) {
+                    self.events += 1;
+                    out.push(SocketEvent::Arrival(ArrivalEvent {
+                        ts_ns: self.clock.to_wall_ns(h.ts_ns),
+                        local_port: h.fd as u16,
+                        peer,
+                        len: h.ret.max(0) as u32,
+                    }));
+                }
+            }
             None => {}
         }
     }

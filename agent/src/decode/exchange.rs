@@ -46,6 +46,9 @@ pub struct Exchange {
     pub types: Option<Arc<Rules>>,
     /// Keyed hash of the request body (never the body).
     pub prompt_fp: Option<u64>,
+    /// When the request's first byte reached the socket (kernel receive
+    /// path), when known.
+    pub t_arrival: Option<u64>,
     /// The response called a tool.
     tool_calls: bool,
     first_content_ns: Option<u64>,
@@ -97,6 +100,7 @@ impl Exchange {
             rule_headers: Vec::new(),
             types: None,
             prompt_fp: None,
+            t_arrival: None,
             tool_calls: false,
             first_content_ns: None,
             first_reasoning_ns: None,
@@ -196,7 +200,13 @@ impl Exchange {
             _ if self.stream_error => Some("stream_error".to_string()),
             _ => None,
         };
-        let since_t0 = |ns: u64| secs(ns.saturating_sub(self.t0_ns));
+        // t0: the arrival of the request's first byte when the kernel
+        // reported it (time unread in the socket counts), else its read.
+        let (t0, t0_source, queue_s) = match self.t_arrival {
+            Some(a) if a <= self.t0_ns => (a, "arrival", Some(secs(self.t0_ns - a))),
+            _ => (self.t0_ns, "read", None),
+        };
+        let since_t0 = |ns: u64| secs(ns.saturating_sub(t0));
         let exact_out = self.output_tokens;
         let out_tokens = match self.format {
             Format::OpenAiEmbeddings => None,
@@ -256,7 +266,7 @@ impl Exchange {
         };
         let caller = self.client.as_deref().and_then(caller_of);
         let record = RequestRecord {
-            ts: rfc3339(self.t0_ns),
+            ts: rfc3339(t0),
             pid: self.pid,
             container_id: None,
             k8s_pod_uid: None,
@@ -297,7 +307,9 @@ impl Exchange {
             } else {
                 None
             },
-            t0_ns: self.t0_ns,
+            t0_ns: t0,
+            t0_source: Some(t0_source),
+            queue_s,
             gpu_uuids: None,
             gpu_util_avg: None,
             gpu_mem_used_bytes: None,

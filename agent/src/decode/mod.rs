@@ -10,10 +10,15 @@
 //! in `DecodeStats::unsupported_protocol` and then ignored. Following a new
 //! protocol is adding its machine as a module and an arm of `Proto`.
 //!
+//! A request's t0 is when its first byte reached the engine's socket when
+//! the kernel reported the arrival (`arrival`: queue time in the socket
+//! counts), else when the engine read it.
+//!
 //! Owns: the connection table and the counters. Must not: read a clock
 //! (every time comes from events), hold unbounded memory, or panic on any
 //! input (hostile bytes end in a record with `error_type`, or nothing).
 
+pub mod arrival;
 pub mod body;
 pub mod engines;
 pub mod exchange;
@@ -115,6 +120,9 @@ pub struct Piece<'a> {
     /// `data` is shorter when the capture truncated the call.
     pub ret: i64,
     pub data: &'a [u8],
+    /// When this call's request bytes reached the socket (server
+    /// connections whose arrivals the kernel reported).
+    pub arrival: Option<&'a arrival::Ledger>,
 }
 
 impl<'a> Piece<'a> {
@@ -124,6 +132,7 @@ impl<'a> Piece<'a> {
             dir: d.dir,
             ret: d.ret,
             data: &d.data,
+            arrival: None,
         }
     }
 }
@@ -260,6 +269,11 @@ enum Proto {
 struct Conn {
     info: ConnInfo,
     proto: Proto,
+    /// When its request bytes arrived (server connections with a known
+    /// local port and peer, while the ledger covers every byte read).
+    ledger: Option<arrival::Ledger>,
+    /// (local port, peer) it was claimed under.
+    addr: Option<(u16, std::net::SocketAddr)>,
 }
 
 impl Conn {
@@ -272,6 +286,8 @@ impl Conn {
                 client,
             },
             proto: Proto::Sniffing(Sniff::new()),
+            ledger: None,
+            addr: None,
         }
     }
 }
@@ -285,6 +301,7 @@ pub struct Decoder {
     /// ([`Finished::self_request`]).
     self_marker: Option<Marker>,
     identity: IdentityConfig,
+    arrivals: arrival::Arrivals,
 }
 
 impl Decoder {
@@ -346,6 +363,7 @@ impl Decoder {
             stats,
             self_marker,
             identity,
+            arrivals,
         } = self;
         let mut out = Out {
             stats,
@@ -371,15 +389,32 @@ impl Decoder {
                     Role::Client => (o.peer.map(|a| a.port()), o.local.map(|a| a.to_string())),
                 };
                 out.stats.connections += 1;
-                conns.insert(key, Conn::new(o.pid, o.role, server_port, client));
+                let mut conn = Conn::new(o.pid, o.role, server_port, client);
+                if let (Role::Server, Some(local), Some(peer)) = (o.role, o.local, o.peer) {
+                    conn.ledger = Some(arrivals.claim(local.port(), peer, key));
+                    conn.addr = Some((local.port(), peer));
+                }
+                conns.insert(key, conn);
             }
             SocketEvent::Close(c) => {
-                if let Some(Conn {
-                    proto: Proto::Http1(h),
-                    ..
-                }) = conns.remove(&(c.pid, c.fd))
-                {
-                    h.close(c.ts_ns, &mut out);
+                if let Some(conn) = conns.remove(&(c.pid, c.fd)) {
+                    if let Some((port, peer)) = conn.addr {
+                        arrivals.release(port, peer, (c.pid, c.fd));
+                    }
+                    if let Proto::Http1(h) = conn.proto {
+                        h.close(c.ts_ns, &mut out);
+                    }
+                }
+            }
+            SocketEvent::Arrival(a) => {
+                if let arrival::Route::Conn(k) = arrivals.route(a) {
+                    if let Some(conn) = conns.get_mut(&k) {
+                        if let Some(l) = &mut conn.ledger {
+                            if !arrival::Arrivals::push(l, a) {
+                                conn.ledger = None;
+                            }
+                        }
+                    }
                 }
             }
             SocketEvent::Data(d) => {
@@ -421,8 +456,13 @@ impl Decoder {
 }
 
 fn on_data(conn: &mut Conn, d: &DataEvent, out: &mut Out<'_>) {
+    let request_in = d.dir == Dir::In && conn.info.role == Role::Server;
+    let piece = Piece {
+        arrival: conn.ledger.as_ref().filter(|_| request_in),
+        ..Piece::of(d)
+    };
     let flow = match &mut conn.proto {
-        Proto::Http1(h) => h.on_data(&conn.info, out, Piece::of(d)),
+        Proto::Http1(h) => h.on_data(&conn.info, out, piece),
         Proto::Unsupported => Flow::Continue,
         Proto::Sniffing(s) => match s.look(conn.info.request_dir(), d) {
             Sniffed::Wait => Flow::Continue,
@@ -438,11 +478,12 @@ fn on_data(conn: &mut Conn, d: &DataEvent, out: &mut Out<'_>) {
                         dir: conn.info.request_dir(),
                         ret: len as i64,
                         data: &held[..len],
+                        arrival: None,
                     };
                     flow = h.on_data(&conn.info, out, early);
                 }
                 if flow == Flow::Continue {
-                    flow = h.on_data(&conn.info, out, Piece::of(d));
+                    flow = h.on_data(&conn.info, out, piece);
                 }
                 conn.proto = Proto::Http1(h);
                 flow
@@ -452,6 +493,15 @@ fn on_data(conn: &mut Conn, d: &DataEvent, out: &mut Out<'_>) {
     if flow == Flow::Unsupported {
         out.stats.unsupported_protocol += 1;
         conn.proto = Proto::Unsupported;
+    }
+    if request_in && d.ret > 0 {
+        if let Some(l) = &mut conn.ledger {
+            if !l.consume(d.ret as u64) {
+                // Bytes the ledger never saw arrive (a connection open
+                // before the agent, lost arrival records): stop using it.
+                conn.ledger = None;
+            }
+        }
     }
 }
 

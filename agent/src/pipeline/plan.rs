@@ -159,6 +159,12 @@ pub struct KernelFlags {
     /// Connections tracked at once at most.
     #[arg(long, value_name = "N", default_value_t = 65536)]
     pub max_conns: u32,
+    /// Do not timestamp request arrival in the kernel's TCP receive path
+    /// (`tcp:tcp_probe`): t0 is then the engine's first read of a request,
+    /// and time a request waits unread in the socket is not measured
+    /// (`t0_source` "read", no `queue_s`).
+    #[arg(long)]
+    pub no_arrival_time: bool,
 }
 
 impl Default for KernelFlags {
@@ -167,6 +173,7 @@ impl Default for KernelFlags {
             ring_buffer_bytes: 16 << 20,
             max_call_bytes: agent_ebpf::DEFAULT_MAX_CALL_BYTES,
             max_conns: 65536,
+            no_arrival_time: false,
         }
     }
 }
@@ -180,6 +187,7 @@ impl KernelFlags {
             ring_bytes: self.ring_buffer_bytes,
             max_call_bytes: self.max_call_bytes,
             max_conns: self.max_conns,
+            arrival: !self.no_arrival_time,
             ..CaptureOptions::default()
         }
     }

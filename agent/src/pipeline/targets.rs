@@ -105,6 +105,7 @@ impl Targeter {
     ) -> Result<String> {
         self.started = Instant::now();
         self.scan(cap, node, events)?;
+        cap.set_arrival_ports(self.arrival_ports(node));
         let found = cap.targets();
         Ok(match &self.targeting {
             Targeting::Discover => format!(
@@ -130,6 +131,20 @@ impl Targeter {
                 }
             ),
         })
+    }
+
+    /// The ports whose incoming segments are timestamped: the selected
+    /// ports when given, else every port a target listens on.
+    fn arrival_ports(&self, node: &NodeState) -> Vec<u16> {
+        match &self.targeting {
+            Targeting::Ports(p) => p.clone(),
+            Targeting::Pids { ports, .. } if !ports.is_empty() => ports.clone(),
+            _ => node
+                .processes
+                .values()
+                .flat_map(|p| p.listen_ports.iter().copied())
+                .collect(),
+        }
     }
 
     /// Names `pid`: its engine, its listening ports and (as `version`
@@ -369,6 +384,7 @@ impl Task for Targeter {
         }
         self.alive = now;
         self.check_pid_tree(cap);
+        cap.set_arrival_ports(self.arrival_ports(cx.node));
         Ok(())
     }
 }

@@ -139,6 +139,8 @@ pub struct HeadBuf {
     buf: Vec<u8>,
     /// When the head's first byte was written.
     first_byte_ns: Option<u64>,
+    /// When it reached the socket (kernel receive path), when known.
+    first_arrival_ns: Option<u64>,
 }
 
 impl HeadBuf {
@@ -148,15 +150,18 @@ impl HeadBuf {
     }
 
     /// Takes head bytes, written at `ts`, from the front of `data`
-    /// (advancing it past what was used). `Ok(Some((head, first_byte_ns)))`
-    /// once the head is complete: `data` then starts at the body. Blank
-    /// lines before a head are skipped (RFC 9112 §2.2).
+    /// (advancing it past what was used). `Ok(Some((head, first_byte_ns,
+    /// first_arrival_ns)))` once the head is complete: `data` then starts at
+    /// the body. `arrival` says when the front of `data` reached the socket
+    /// (None: unknown). Blank lines before a head are skipped (RFC 9112
+    /// §2.2).
     pub fn feed<H: Head>(
         &mut self,
         data: &mut &[u8],
         ts: u64,
+        arrival: Option<u64>,
         id: &IdentityConfig,
-    ) -> Result<Option<(H, u64)>, NotHttp> {
+    ) -> Result<Option<(H, u64, Option<u64>)>, NotHttp> {
         if self.buf.is_empty() {
             let skip = data
                 .iter()
@@ -166,6 +171,9 @@ impl HeadBuf {
             if data.is_empty() {
                 return Ok(None);
             }
+        }
+        if self.first_byte_ns.is_none() {
+            self.first_arrival_ns = arrival;
         }
         let first_byte_ns = *self.first_byte_ns.get_or_insert(ts);
         let from = self.buf.len();
@@ -193,7 +201,7 @@ impl HeadBuf {
                 *data = &data[used.min(data.len())..];
                 self.buf = Vec::new();
                 self.first_byte_ns = None;
-                Ok(Some((head, first_byte_ns)))
+                Ok(Some((head, first_byte_ns, self.first_arrival_ns.take())))
             }
         }
     }
@@ -260,7 +268,7 @@ mod tests {
         for (i, p) in pieces.iter().enumerate() {
             let mut data = *p;
             if let Some(done) = h
-                .feed::<H>(&mut data, i as u64 + 1, &IdentityConfig::default())
+                .feed::<H>(&mut data, i as u64 + 1, None, &IdentityConfig::default())
                 .unwrap()
             {
                 let rest = [&[data], &pieces[i + 1..]].concat().concat();
@@ -303,14 +311,14 @@ mod tests {
         let mut h = HeadBuf::default();
         let mut d: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n";
         assert_eq!(
-            h.feed::<ResponseHead>(&mut d, 1, &IdentityConfig::default())
+            h.feed::<ResponseHead>(&mut d, 1, None, &IdentityConfig::default())
                 .err(),
             Some(NotHttp)
         );
         let mut h = HeadBuf::default();
         let mut d: &[u8] = b"\x16\x03\x01 hello\r\n\r\n";
         assert_eq!(
-            h.feed::<RequestHead>(&mut d, 1, &IdentityConfig::default())
+            h.feed::<RequestHead>(&mut d, 1, None, &IdentityConfig::default())
                 .err(),
             Some(NotHttp)
         );
@@ -318,7 +326,7 @@ mod tests {
         let big = vec![b'a'; MAX_HEAD_BYTES + 10];
         let mut d: &[u8] = &big;
         assert_eq!(
-            h.feed::<RequestHead>(&mut d, 1, &IdentityConfig::default())
+            h.feed::<RequestHead>(&mut d, 1, None, &IdentityConfig::default())
                 .err(),
             Some(NotHttp)
         );
@@ -345,7 +353,10 @@ mod tests {
         let req = b"POST /v1/chat/completions HTTP/1.1\r\nx-tenant-id: t-2\r\nX-ORG:  org-1 \r\nAuthorization: Bearer sk-secret-123\r\nX-Task: summarize\r\nCookie: session=abc\r\nContent-Length: 2\r\n\r\n{}";
         let mut h = HeadBuf::default();
         let mut d: &[u8] = req;
-        let (head, _) = h.feed::<RequestHead>(&mut d, 1, &id).unwrap().unwrap();
+        let (head, _, _) = h
+            .feed::<RequestHead>(&mut d, 1, None, &id)
+            .unwrap()
+            .unwrap();
         assert_eq!(
             head.tenant.as_deref(),
             Some("org-1"),
@@ -360,14 +371,17 @@ mod tests {
         let req2 = b"GET / HTTP/1.1\r\nX-Org: \r\nX-Tenant-ID: t-2\r\n\r\n";
         let mut h = HeadBuf::default();
         let mut d: &[u8] = req2;
-        let (head, _) = h.feed::<RequestHead>(&mut d, 1, &id).unwrap().unwrap();
+        let (head, _, _) = h
+            .feed::<RequestHead>(&mut d, 1, None, &id)
+            .unwrap()
+            .unwrap();
         assert_eq!(head.tenant.as_deref(), Some("t-2"));
         assert_eq!(head.api_key_id, None);
         // Nothing configured: nothing kept.
         let mut h = HeadBuf::default();
         let mut d: &[u8] = req;
         let (head, _) = h
-            .feed::<RequestHead>(&mut d, 1, &IdentityConfig::default())
+            .feed::<RequestHead>(&mut d, 1, None, &IdentityConfig::default())
             .unwrap()
             .unwrap();
         assert_eq!(head.tenant, None);

@@ -16,6 +16,7 @@ use std::collections::VecDeque;
 
 use self::head::{looks_like_request, Framing, HeadBuf, NotHttp, RequestHead, ResponseHead};
 use super::{
+    arrival::Ledger,
     body::Body,
     engines::{provider_from_server_header, request_info_with},
     exchange::Exchange,
@@ -153,7 +154,7 @@ impl Http1Conn {
         }
         let missing = (p.ret as u64).saturating_sub(p.data.len() as u64);
         let step = if is_request {
-            self.request_bytes(conn, out, p.ts_ns, p.data)
+            self.request_bytes(conn, out, p.ts_ns, p.data, p.arrival)
                 .and_then(|()| self.request_gap(missing, &out.identity.rule_fields))
                 .map(|()| Flow::Continue)
         } else {
@@ -222,11 +223,15 @@ impl Http1Conn {
         out: &mut Out<'_>,
         ts: u64,
         mut data: &[u8],
+        arrival: Option<&Ledger>,
     ) -> Result<(), NotHttp> {
+        let total = data.len();
         while !data.is_empty() {
             match &mut self.req {
                 ReqState::Head(h) => {
-                    let Some((head, t0)) = h.feed::<RequestHead>(&mut data, ts, out.identity)?
+                    let at = arrival.and_then(|l| l.at(total - data.len()));
+                    let Some((head, t0, t_arrival)) =
+                        h.feed::<RequestHead>(&mut data, ts, at, out.identity)?
                     else {
                         continue;
                     };
@@ -244,6 +249,7 @@ impl Http1Conn {
                         t0,
                     );
                     x.self_request = out.is_self(head.self_marker.as_deref());
+                    x.t_arrival = t_arrival;
                     x.tenant_header = head.tenant;
                     x.api_key_id = head.api_key_id;
                     x.rule_headers = head.rule_headers;
@@ -358,7 +364,8 @@ impl Http1Conn {
         while !data.is_empty() {
             match &mut self.resp {
                 RespState::Head(h) => {
-                    let Some((head, _)) = h.feed::<ResponseHead>(&mut data, ts, out.identity)?
+                    let Some((head, _, _)) =
+                        h.feed::<ResponseHead>(&mut data, ts, None, out.identity)?
                     else {
                         continue;
                     };
