@@ -228,8 +228,6 @@ impl Sniff {
     }
 }
 
-/// Does `data` start with an HTTP/2 SETTINGS frame on stream 0, not an
-/// ACK, whole (what an HTTP/2 server writes first, RFC 9113 §3.4)?
 /// A keyed hash (SipHash with this process's random key) of a request
 /// body: byte-identical bodies (a client's retries) get the same value
 /// within one run; the body cannot be recovered from it and the value means
@@ -242,6 +240,8 @@ pub fn body_fingerprint(body: &[u8]) -> u64 {
         .hash_one(body)
 }
 
+/// Does `data` start with an HTTP/2 SETTINGS frame on stream 0, not an
+/// ACK, whole (what an HTTP/2 server writes first, RFC 9113 §3.4)?
 fn is_http2_settings(data: &[u8]) -> bool {
     let [l0, l1, l2, kind, flags, s0, s1, s2, s3, ..] = *data else {
         return false;

@@ -64,7 +64,7 @@ pub struct Config {
     pub gpu_memory_high: f64,
     /// Callers, and separately drift keys, tracked at most (each caller
     /// holds a few hundred bytes, each drift key ~2 kB); later ones are not
-    /// judged (counted in health as `events_untracked`).
+    /// judged (the first caller over the limit is said once on stderr).
     pub max_callers: usize,
 }
 
