@@ -10,13 +10,16 @@
 //! headers, chunked, json | body}, `sse` (JSON event → `data: …\n\n`),
 //! `sse_raw` (verbatim SSE text), `ndjson` (JSON → one line), `end` (last
 //! chunk), `raw_in` / `raw_out` (verbatim bytes), `write_error` (errno as a
-//! negative return), `read_eof`, `close`.
+//! negative return), `read_eof`, `close`, `arrival` {requests: N}: the
+//! bytes of the next N `request` steps reached the socket at `t_ms` in one
+//! segment (the kernel's arrival event; the requests' own steps say when
+//! the engine read them).
 
 use std::net::SocketAddr;
 
 use serde::Deserialize;
 use serde_json::{Map, Value};
-use tokentap::event::{CloseEvent, DataEvent, Dir, OpenEvent, Role, SocketEvent};
+use tokentap::event::{ArrivalEvent, CloseEvent, DataEvent, Dir, OpenEvent, Role, SocketEvent};
 
 /// t = 0 of every transcript: 2027-01-15T08:00:00Z.
 pub const BASE_NS: u64 = 1_800_000_000_000_000_000;
@@ -103,7 +106,26 @@ pub fn events(t: &Transcript) -> Vec<SocketEvent> {
             s.into_bytes()
         }
     };
-    for step in &t.steps {
+    let request_bytes = |o: &Map<String, Value>| -> Vec<u8> {
+        let body = body_of(o);
+        let mut extra = vec![];
+        if let Some(b) = &body {
+            extra.push(("Content-Length".to_string(), b.len().to_string()));
+        }
+        let line = format!(
+            "{} {} HTTP/1.1",
+            o.get("method").and_then(Value::as_str).unwrap_or("POST"),
+            o.get("path").and_then(Value::as_str).expect("request path")
+        );
+        let mut bytes = head(&line, o.get("headers"), &extra).into_bytes();
+        bytes.extend(body.unwrap_or_default().into_bytes());
+        bytes
+    };
+    let (local, peer) = match &out[0] {
+        SocketEvent::Open(o) => (o.local.unwrap(), o.peer.unwrap()),
+        _ => unreachable!(),
+    };
+    for (i, step) in t.steps.iter().enumerate() {
         let t_ms = step
             .get("t_ms")
             .and_then(Value::as_f64)
@@ -116,19 +138,25 @@ pub fn events(t: &Transcript) -> Vec<SocketEvent> {
         match kind.as_str() {
             "request" => {
                 let o = v.as_object().expect("request object");
-                let body = body_of(o);
-                let mut extra = vec![];
-                if let Some(b) = &body {
-                    extra.push(("Content-Length".to_string(), b.len().to_string()));
-                }
-                let line = format!(
-                    "{} {} HTTP/1.1",
-                    o.get("method").and_then(Value::as_str).unwrap_or("POST"),
-                    o.get("path").and_then(Value::as_str).expect("request path")
-                );
-                let mut bytes = head(&line, o.get("headers"), &extra).into_bytes();
-                bytes.extend(body.unwrap_or_default().into_bytes());
-                out.push(data(ts, Dir::In, bytes, None));
+                out.push(data(ts, Dir::In, request_bytes(o), None));
+            }
+            "arrival" => {
+                let n = v
+                    .get("requests")
+                    .and_then(Value::as_u64)
+                    .expect("arrival {requests: N}") as usize;
+                let len: usize = t.steps[i + 1..]
+                    .iter()
+                    .filter_map(|s| s.get("request").and_then(Value::as_object))
+                    .take(n)
+                    .map(|o| request_bytes(o).len())
+                    .sum();
+                out.push(SocketEvent::Arrival(ArrivalEvent {
+                    ts_ns: ts,
+                    local_port: local.port(),
+                    peer,
+                    len: len as u32,
+                }));
             }
             "response" => {
                 let o = v.as_object().expect("response object");

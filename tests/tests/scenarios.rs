@@ -35,7 +35,7 @@ use tokentap_tests::{
     read_jsonl, scratch_dir, start, tokentap_bin, Netns, Running,
 };
 
-const EVENTS_CONFIG: &str = "[events]\nwindow_s = 1\ngrace_s = 0.3\nwarmup_windows = 3\nrollback_idle_s = 1\nretry_storm_min = 5\ndrift_baseline_requests = 30\ndrift_window_requests = 15\n";
+const EVENTS_CONFIG: &str = "[events]\nwindow_s = 1\ngrace_s = 0.3\nwarmup_windows = 3\nrollback_idle_s = 1\nretry_storm_min = 5\ndrift_baseline_requests = 30\ndrift_window_requests = 15\ndrift_hold_s = 0.5\n";
 
 fn logged(path: &Path) -> Vec<Value> {
     std::fs::read_to_string(path)

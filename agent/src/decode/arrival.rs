@@ -68,6 +68,20 @@ impl Ledger {
     }
 }
 
+/// A read's view of its connection's ledger: the byte at `off` bytes into
+/// the piece lies `skip + off` bytes past what the ledger has consumed.
+#[derive(Clone, Copy)]
+pub struct At<'a> {
+    pub ledger: &'a Ledger,
+    pub skip: usize,
+}
+
+impl At<'_> {
+    pub fn at(&self, off: usize) -> Option<u64> {
+        self.ledger.at(self.skip + off)
+    }
+}
+
 /// The join key: the engine's port and the peer (IPv4-mapped addresses as
 /// IPv4, as the capture reports peers).
 pub fn key(local_port: u16, peer: SocketAddr) -> (u16, SocketAddr) {

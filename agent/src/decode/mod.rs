@@ -122,7 +122,7 @@ pub struct Piece<'a> {
     pub data: &'a [u8],
     /// When this call's request bytes reached the socket (server
     /// connections whose arrivals the kernel reported).
-    pub arrival: Option<&'a arrival::Ledger>,
+    pub arrival: Option<arrival::At<'a>>,
 }
 
 impl<'a> Piece<'a> {
@@ -457,10 +457,14 @@ impl Decoder {
 
 fn on_data(conn: &mut Conn, d: &DataEvent, out: &mut Out<'_>) {
     let request_in = d.dir == Dir::In && conn.info.role == Role::Server;
+    let ledger = conn.ledger.as_ref().filter(|_| request_in);
     let piece = Piece {
-        arrival: conn.ledger.as_ref().filter(|_| request_in),
+        arrival: ledger.map(|l| arrival::At { ledger: l, skip: 0 }),
         ..Piece::of(d)
     };
+    // Request bytes the sniffer held and hands over now (read before this
+    // call, not yet taken from the ledger).
+    let mut replayed = 0usize;
     let flow = match &mut conn.proto {
         Proto::Http1(h) => h.on_data(&conn.info, out, piece),
         Proto::Unsupported => Flow::Continue,
@@ -478,11 +482,24 @@ fn on_data(conn: &mut Conn, d: &DataEvent, out: &mut Out<'_>) {
                         dir: conn.info.request_dir(),
                         ret: len as i64,
                         data: &held[..len],
-                        arrival: None,
+                        // Held bytes are request bytes, whichever call
+                        // settled the sniffing.
+                        arrival: conn
+                            .ledger
+                            .as_ref()
+                            .map(|l| arrival::At { ledger: l, skip: 0 }),
                     };
                     flow = h.on_data(&conn.info, out, early);
+                    replayed = len;
                 }
                 if flow == Flow::Continue {
+                    let piece = Piece {
+                        arrival: ledger.map(|l| arrival::At {
+                            ledger: l,
+                            skip: replayed,
+                        }),
+                        ..piece
+                    };
                     flow = h.on_data(&conn.info, out, piece);
                 }
                 conn.proto = Proto::Http1(h);
@@ -494,9 +511,13 @@ fn on_data(conn: &mut Conn, d: &DataEvent, out: &mut Out<'_>) {
         out.stats.unsupported_protocol += 1;
         conn.proto = Proto::Unsupported;
     }
-    if request_in && d.ret > 0 {
+    // While the sniffer still holds this call's bytes, the ledger keeps
+    // them unread.
+    let still_sniffing = matches!(conn.proto, Proto::Sniffing(_));
+    let read = replayed as u64 + if request_in { d.ret.max(0) as u64 } else { 0 };
+    if read > 0 && !still_sniffing {
         if let Some(l) = &mut conn.ledger {
-            if !l.consume(d.ret as u64) {
+            if !l.consume(read) {
                 // Bytes the ledger never saw arrive (a connection open
                 // before the agent, lost arrival records): stop using it.
                 conn.ledger = None;

@@ -53,6 +53,11 @@ pub struct Config {
     /// … and a Kolmogorov–Smirnov distance (0–1) of at least this much
     /// between the two distributions.
     pub drift_distance: f64,
+    /// Requests reach the drift comparison in the order they started, once
+    /// they started this long before the latest one ended (seconds). In
+    /// the order they end, long answers would come last — a tenant that
+    /// stops sending would look as if its outputs had grown.
+    pub drift_hold_s: f64,
     /// `model_version.rollback`: a replaced version that comes back after
     /// serving nothing for at least this long (a version still serving
     /// beside its successor — a canary — is not a rollback).
@@ -85,6 +90,7 @@ impl Default for Config {
             drift_window_requests: 50,
             drift_ratio: 1.5,
             drift_distance: 0.5,
+            drift_hold_s: 60.0,
             rollback_idle_s: 30.0,
             gpu_throttle_samples: 3,
             gpu_memory_high: 0.95,
@@ -129,6 +135,12 @@ impl Config {
             bail!(
                 "[{CONFIG_KEY}] grace_s = {}: must be 0 or more",
                 self.grace_s
+            );
+        }
+        if !(self.drift_hold_s.is_finite() && self.drift_hold_s >= 0.0) {
+            bail!(
+                "[{CONFIG_KEY}] drift_hold_s = {}: must be 0 or more",
+                self.drift_hold_s
             );
         }
         if !(self.rollback_idle_s.is_finite() && self.rollback_idle_s >= 0.0) {

@@ -9,9 +9,20 @@
 //! baseline from its next requests, so a size that keeps growing is
 //! reported again each time it moves by the ratio once more.
 //!
-//! Counts are judged every fifth of a window, not at every request.
+//! Counts are judged every fifth of a window, not at every request, and
+//! in the order requests started: each waits until it started
+//! `drift_hold_s` before the latest end seen for its key (ordered by end,
+//! long answers come last, and a tenant that stops sending would look as if
+//! its outputs grew). At most [`MAX_HELD`] wait per key.
 
-use std::collections::{HashMap, VecDeque};
+use std::{
+    cmp::Reverse,
+    collections::{BinaryHeap, HashMap, VecDeque},
+};
+
+/// Requests waiting for their turn, per key, at most (the oldest goes
+/// through early beyond this).
+const MAX_HELD: usize = 4096;
 
 use super::{kind, round4, Config, Event};
 use crate::record::Finished;
@@ -120,6 +131,8 @@ struct Key {
     request_type: Option<String>,
     input: Series,
     output: Series,
+    /// (t0, input tokens, output tokens) waiting to be judged in t0 order.
+    held: BinaryHeap<Reverse<(u64, Option<u64>, Option<u64>)>>,
 }
 
 pub struct Drift {
@@ -165,12 +178,27 @@ impl Drift {
                     request_type: f.request_type.clone(),
                     input: Series::default(),
                     output: Series::default(),
+                    held: BinaryHeap::new(),
                 },
             );
         }
         let key = self.keys.get_mut(&k).expect("inserted above");
         let cfg = &self.cfg;
-        for (which, v) in [("input", f.input_tokens), ("output", f.output_tokens)] {
+        key.held
+            .push(Reverse((f.t0_ns, f.input_tokens, f.output_tokens)));
+        let horizon = t.saturating_sub((cfg.drift_hold_s * 1e9) as u64);
+        let mut ready = Vec::new();
+        while let Some(Reverse((t0, i, o))) = key.held.peek().copied() {
+            if t0 > horizon && key.held.len() <= MAX_HELD {
+                break;
+            }
+            key.held.pop();
+            ready.push((i, o));
+        }
+        for (which, v) in ready
+            .into_iter()
+            .flat_map(|(i, o)| [("input", i), ("output", o)])
+        {
             let Some(v) = v else { continue };
             let series = if which == "input" {
                 &mut key.input

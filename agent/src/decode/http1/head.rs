@@ -272,7 +272,7 @@ mod tests {
                 .unwrap()
             {
                 let rest = [&[data], &pieces[i + 1..]].concat().concat();
-                return (Some(done), rest);
+                return (Some((done.0, done.1)), rest);
             }
             assert!(data.is_empty());
         }
@@ -380,7 +380,7 @@ mod tests {
         // Nothing configured: nothing kept.
         let mut h = HeadBuf::default();
         let mut d: &[u8] = req;
-        let (head, _) = h
+        let (head, _, _) = h
             .feed::<RequestHead>(&mut d, 1, None, &IdentityConfig::default())
             .unwrap()
             .unwrap();

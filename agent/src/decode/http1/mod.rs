@@ -16,7 +16,7 @@ use std::collections::VecDeque;
 
 use self::head::{looks_like_request, Framing, HeadBuf, NotHttp, RequestHead, ResponseHead};
 use super::{
-    arrival::Ledger,
+    arrival::At,
     body::Body,
     engines::{provider_from_server_header, request_info_with},
     exchange::Exchange,
@@ -223,7 +223,7 @@ impl Http1Conn {
         out: &mut Out<'_>,
         ts: u64,
         mut data: &[u8],
-        arrival: Option<&Ledger>,
+        arrival: Option<At<'_>>,
     ) -> Result<(), NotHttp> {
         let total = data.len();
         while !data.is_empty() {
