@@ -147,6 +147,7 @@ struct RequestInstruments {
     tpot: Histogram<f64>,
     duration: Histogram<f64>,
     chunk: Histogram<f64>,
+    queue: Histogram<f64>,
     tokens: Histogram<u64>,
     requests: Counter<u64>,
 }
@@ -164,7 +165,7 @@ impl RequestInstruments {
         let ttft = h(
             "gen_ai.server.time_to_first_token",
             "s",
-            "Time from the first request byte read to the write of the first generated content",
+            "Time from the request's arrival at the engine's socket (else its first read) to the write of the first generated content",
             &TTFT_BUCKETS,
         );
         let tpot = h(
@@ -176,8 +177,14 @@ impl RequestInstruments {
         let duration = h(
             "gen_ai.server.request.duration",
             "s",
-            "Time from the first request byte read to the last response byte written",
+            "Time from the request's arrival at the engine's socket (else its first read) to the last response byte written",
             &DURATION_BUCKETS,
+        );
+        let queue = h(
+            "tokentap.server.queue_time",
+            "s",
+            "Time a request waited unread in the engine's socket: first read - arrival (requests whose arrival the kernel reported)",
+            &TTFT_BUCKETS,
         );
         let chunk = h(
             "tokentap.server.time_per_output_chunk",
@@ -201,6 +208,7 @@ impl RequestInstruments {
             tpot,
             duration,
             chunk,
+            queue,
             tokens,
             requests,
         }
@@ -217,6 +225,9 @@ impl RequestInstruments {
         }
         if let Some(v) = r.tpot_s {
             self.tpot.record(v, attrs);
+        }
+        if let Some(v) = r.queue_s {
+            self.queue.record(v, attrs);
         }
         for g in &f.chunk_gaps_s {
             self.chunk.record(*g, attrs);

@@ -213,9 +213,9 @@ pub(super) fn agent_attach_point(name: &str, fork: Option<&str>) -> Option<(&'st
         Some(("sched", name.to_string()))
     } else if name.starts_with("fork_") && fork == Some(name) {
         Some(("sched", "sched_process_fork".to_string()))
-    } else if name == "tcp_probe" {
-        None // attached by attach_arrival, when wanted and possible
     } else {
+        // `tcp_probe` too: attach_arrival attaches it, when wanted and
+        // possible.
         None
     }
 }
@@ -406,6 +406,20 @@ mod tests {
             let obj = Aligned::copy(EBPF_OBJECT);
             assert_eq!(object_abi_version(obj.bytes()).unwrap(), ABI_VERSION);
         }
+    }
+
+    /// `tcp:tcp_probe`'s fields on Linux 6.18 (this repository's VM).
+    const TCP_PROBE_6_18: &str = "\tfield:__u8 saddr[28];\toffset:8;\tsize:28;\tsigned:0;\n\tfield:__u8 daddr[28];\toffset:36;\tsize:28;\tsigned:0;\n\tfield:__u16 sport;\toffset:64;\tsize:2;\tsigned:0;\n\tfield:__u16 dport;\toffset:66;\tsize:2;\tsigned:0;\n\tfield:__u16 family;\toffset:68;\tsize:2;\tsigned:0;\n\tfield:__u32 mark;\toffset:72;\tsize:4;\tsigned:0;\n\tfield:__u16 data_len;\toffset:76;\tsize:2;\tsigned:0;\n\tfield:__u32 snd_nxt;\toffset:80;\tsize:4;\tsigned:0;\n\tfield:__u32 snd_una;\toffset:84;\tsize:4;\tsigned:0;\n\tfield:__u32 snd_cwnd;\toffset:88;\tsize:4;\tsigned:0;\n\tfield:__u32 ssthresh;\toffset:92;\tsize:4;\tsigned:0;\n\tfield:__u32 snd_wnd;\toffset:96;\tsize:4;\tsigned:0;\n\tfield:__u32 srtt;\toffset:100;\tsize:4;\tsigned:0;\n\tfield:__u32 rcv_wnd;\toffset:104;\tsize:4;\tsigned:0;\n\tfield:__u64 sock_cookie;\toffset:112;\tsize:8;\tsigned:0;\n\tfield:const void * skbaddr;\toffset:120;\tsize:8;\tsigned:0;\n\tfield:const void * skaddr;\toffset:128;\tsize:8;\tsigned:0;";
+
+    #[test]
+    fn the_arrival_program_attaches_only_where_tcp_probe_has_its_layout() {
+        arrival_layout_matches(TCP_PROBE_6_18).unwrap();
+        // A kernel without `family` before `mark` (fields shifted).
+        let shifted = TCP_PROBE_6_18.replace("data_len;\toffset:76;", "data_len;\toffset:72;");
+        let e = arrival_layout_matches(&shifted).unwrap_err().to_string();
+        assert!(e.contains("data_len is not at offset 76"), "{e}");
+        let e = arrival_layout_matches("format:\n").unwrap_err().to_string();
+        assert!(e.contains("no field daddr"), "{e}");
     }
 
     #[test]

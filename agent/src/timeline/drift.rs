@@ -20,6 +20,9 @@ use std::{
     collections::{BinaryHeap, HashMap, VecDeque},
 };
 
+/// (t0, input tokens, output tokens) of a request waiting to be judged.
+type Held = (u64, Option<u64>, Option<u64>);
+
 /// Requests waiting for their turn, per key, at most (the oldest goes
 /// through early beyond this).
 const MAX_HELD: usize = 4096;
@@ -131,8 +134,8 @@ struct Key {
     request_type: Option<String>,
     input: Series,
     output: Series,
-    /// (t0, input tokens, output tokens) waiting to be judged in t0 order.
-    held: BinaryHeap<Reverse<(u64, Option<u64>, Option<u64>)>>,
+    /// Requests waiting to be judged in t0 order.
+    held: BinaryHeap<Reverse<Held>>,
 }
 
 pub struct Drift {
