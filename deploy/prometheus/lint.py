@@ -12,7 +12,9 @@ Collector's `prometheus` exporter writes them, and these checks:
     they name (matchers, grouping, legends, annotation templates) is one
     that metric can carry (its attributes or a resource attribute), with
     values the agent writes where it fixes them (error_type,
-    tokentap_request_type, gen_ai_token_type, tokentap_stream, hw_type);
+    tokentap_request_type, gen_ai_token_type, tokentap_stream, hw_type,
+    tokentap_event_kind; error_type per series: the events counter has its
+    own error kinds), a regex alternative matching at least one of them;
   * every alert has a severity, a summary, a description and a
     `runbook_url` whose anchor is a heading of docs/runbook.md;
   * every alert has a promtool test case that fires it and one that must
@@ -66,6 +68,9 @@ INSTRUMENTS: dict[str, tuple[str, str]] = {
     "tokentap.server.time_per_output_chunk": ("histogram", "s"),
     "gen_ai.server.token.usage": ("histogram", "{token}"),
     "tokentap.requests": ("counter", "{request}"),
+    # agent/src/metrics.rs: timeline events (agent/src/timeline/), one per
+    # event, by kind
+    "tokentap.events": ("counter", "{event}"),
     # agent/src/metrics.rs: the agent's health
     "tokentap.capture.events": ("counter", "{event}"),
     "tokentap.capture.dropped": ("counter", "{record}"),
@@ -119,6 +124,10 @@ ATTRIBUTES: dict[str, set[str]] = {
     "tokentap.server.time_per_output_chunk": REQUEST_KEYS,
     "gen_ai.server.token.usage": REQUEST_KEYS | {"gen_ai.token.type"},
     "tokentap.requests": REQUEST_KEYS,
+    # Metrics::event: the kind always; tenant, caller, model version and
+    # error kind when the event names them (each only on some kinds).
+    "tokentap.events": {"tokentap.event.kind", "tokentap.tenant", "tokentap.caller",
+                        "tokentap.model.version", "error.type"},
     "tokentap.engine.kv_cache.usage": ENGINE_KEYS | {"server.port"},
     "tokentap.engine.requests.waiting": ENGINE_KEYS | {"server.port"},
     "tokentap.engine.requests.running": ENGINE_KEYS | {"server.port"},
@@ -153,7 +162,8 @@ RESOURCE_LABELS = {
 
 # Label values the rules and queries may match, for the labels whose
 # values the agent fixes. check_source() finds each as a string literal in
-# agent/src (error types in decode/, request types in identity/).
+# agent/src (error types in decode/, request types in identity/, event
+# kinds in timeline/mod.rs).
 LABEL_VALUES = {
     "error_type": {"http_429", "http_4xx", "http_5xx", "upstream_reset", "stream_error",
                    "client_disconnect", "truncated_capture", "decode_error",
@@ -162,24 +172,69 @@ LABEL_VALUES = {
     "gen_ai_token_type": {"input", "output"},
     "tokentap_stream": {"true", "false"},
     "hw_type": {"gpu"},
+    # timeline::kind::ALL
+    "tokentap_event_kind": {"engine.start", "engine.stop", "model_version.new",
+                            "model_version.rollout", "model_version.rollback", "caller.new",
+                            "caller.surge", "caller.error_burst", "caller.retry_storm",
+                            "tokens.drift", "gpu.throttle.start", "gpu.throttle.stop",
+                            "gpu.memory.high"},
 }
+# Where one series' label has values of its own instead: the events
+# counter's error_type is a caller.error_burst's kind (timeline/callers.rs
+# ERROR_KINDS: 401 and 403 together, no other 4xx), not a request's.
+SERIES_LABEL_VALUES = {
+    "tokentap_events_total": {
+        "error_type": {"http_429", "http_401_403", "http_5xx", "client_disconnect"},
+    },
+}
+
+# A selector: optional metric name, then {matchers} (quoted values may hold
+# braces and commas).
+SELECTOR_RE = re.compile(r'([A-Za-z_:][A-Za-z0-9_:]*)?\s*\{((?:[^{}"]|"(?:[^"\\]|\\.)*")*)\}')
+MATCHER_RE = re.compile(r'\b(\w+)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"')
+
+
+def allowed_values(metric: str | None, label: str) -> set[str] | None:
+    """The values `label` can have on `metric` (None: not fixed). A metric
+    that is not one of the agent's (a recording rule, or no name) may have
+    any value some series has."""
+    own = SERIES_LABEL_VALUES.get(metric or "", {})
+    if label in own:
+        return own[label]
+    if metric and metric in exported_series_names():
+        return LABEL_VALUES.get(label)
+    values = set(LABEL_VALUES.get(label, set()))
+    for per in SERIES_LABEL_VALUES.values():
+        values |= per.get(label, set())
+    return values or None
 
 
 def check_values(exprs: list[tuple[str, str]], errors: list[str]) -> int:
-    """Every literal alternative matched against a label of LABEL_VALUES is
-    one of its values (`.*`, `$var` and empty strings pass)."""
+    """Every alternative matched against a label whose values the agent
+    fixes is one of the values that label has on that metric — a literal
+    one of them, or (=~, !~) a regex that matches at least one; `.*`,
+    `$var` and empty strings pass."""
     n = 0
     for where, expr in exprs:
-        for m in re.finditer(r'\b(\w+)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"', expr):
-            label, value = m.group(1), m.group(3)
-            if label not in LABEL_VALUES:
-                continue
-            for alt in value.split("|"):
-                n += 1
-                if alt in ("", ".*", ".+") or "$" in alt:
+        for sel in SELECTOR_RE.finditer(expr):
+            metric = sel.group(1)
+            for m in MATCHER_RE.finditer(sel.group(2)):
+                label, op, value = m.group(1), m.group(2), m.group(3)
+                values = allowed_values(metric, label)
+                if values is None:
                     continue
-                if alt not in LABEL_VALUES[label]:
-                    errors.append(f"{where}: {label} never has the value {alt!r} (values: {sorted(LABEL_VALUES[label])})")
+                for alt in value.split("|"):
+                    n += 1
+                    if alt in ("", ".*", ".+") or "$" in alt or alt in values:
+                        continue
+                    if op in ("=~", "!~"):
+                        try:
+                            if any(re.fullmatch(alt, v) for v in values):
+                                continue
+                        except re.error:
+                            pass
+                    on = f"{metric} " if metric else ""
+                    errors.append(f"{where}: {on}{label} never has the value {alt!r} (values: {sorted(values)})")
     return n
 
 
@@ -264,15 +319,38 @@ def exported_series_names() -> dict[str, str]:
     return out
 
 
+# `#[cfg(test)] mod NAME { ...` (inline: the rest of the file is tests) and
+# `#[cfg(test)] mod NAME;` (a file of its own, NAME.rs or NAME/mod.rs).
+TEST_MOD_RE = re.compile(r"#\[cfg\(test\)\]\s*(?:pub(?:\([\w:]+\))?\s+)?mod\s+(\w+)\s*([{;])")
+
+
 def _strip_tests(text: str) -> str:
-    cut = text.find("#[cfg(test)]")
-    return text if cut < 0 else text[:cut]
+    """The text before its inline test module (test modules come last)."""
+    for m in TEST_MOD_RE.finditer(text):
+        if m.group(2) == "{":
+            return text[:m.start()]
+    return text
+
+
+def _test_files(path: Path, text: str) -> set[Path]:
+    """The files of the test modules `path` declares out of line."""
+    here = path.parent if path.name in ("mod.rs", "lib.rs", "main.rs") else path.with_suffix("")
+    return {f for m in TEST_MOD_RE.finditer(text) if m.group(2) == ";"
+            for f in (here / f"{m.group(1)}.rs", here / m.group(1) / "mod.rs")}
+
+
+def agent_sources() -> dict[Path, str]:
+    """agent/src's Rust files without their tests: inline test modules cut
+    off, test modules of their own left out."""
+    texts = {p: p.read_text() for p in sorted(AGENT_SRC.rglob("*.rs"))}
+    tests = set().union(set(), *(_test_files(p, t) for p, t in texts.items()))
+    return {p: _strip_tests(t) for p, t in texts.items() if p not in tests}
 
 
 def check_source(errors: list[str]) -> None:
     """INSTRUMENTS against agent/src (outside test modules): each name is
     built there with its kind and unit, and no other instrument is."""
-    sources = {p: _strip_tests(p.read_text()) for p in sorted(AGENT_SRC.rglob("*.rs"))}
+    sources = agent_sources()
     name_re = re.compile(r'"((?:gen_ai|tokentap|hw)\.[a-z0-9_.]+)"')
     found: dict[str, list[tuple[Path, int]]] = {}
     for path, text in sources.items():
@@ -307,7 +385,8 @@ def check_source(errors: list[str]) -> None:
         if got_unit != unit:
             errors.append(f"source: {otel} has unit {got_unit!r} in {path.relative_to(REPO)}, the table says {unit!r}")
     all_text = "\n".join(sources.values())
-    for label, values in LABEL_VALUES.items():
+    fixed = list(LABEL_VALUES.items()) + [(f"{s} {label}", v) for s, per in SERIES_LABEL_VALUES.items() for label, v in per.items()]
+    for label, values in fixed:
         for v in sorted(values - {"true", "false", "unknown"}):
             if f'"{v}"' not in all_text:
                 errors.append(f"source: {label} value {v!r} is written nowhere in agent/src (lint.py's LABEL_VALUES)")
@@ -727,6 +806,7 @@ def self_test() -> int:
     for otel, kind, unit, want in [
         ("gen_ai.server.time_to_first_token", "histogram", "s", "gen_ai_server_time_to_first_token_seconds"),
         ("tokentap.requests", "counter", "{request}", "tokentap_requests_total"),
+        ("tokentap.events", "counter", "{event}", "tokentap_events_total"),
         ("tokentap.requests.in_flight", "updown", "{request}", "tokentap_requests_in_flight"),
         ("hw.gpu.utilization", "gauge", "1", "hw_gpu_utilization_ratio"),
         ("hw.gpu.memory.usage", "updown", "By", "hw_gpu_memory_usage_bytes"),
@@ -781,6 +861,14 @@ def self_test() -> int:
              lambda a, r, t, d: a["groups"][1]["rules"][0].update(expr=a["groups"][1]["rules"][0]["expr"].replace('error_type="http_5xx"', 'error_type="http_500"')))
     breakage("a misspelt request type", "never has the value 'embeding'",
              lambda a, r, t, d: a["groups"][0]["rules"][0].update(expr=a["groups"][0]["rules"][0]["expr"].replace("tool_call|batch|embedding", "tool_call|batch|embeding")))
+    breakage("an event kind the agent never writes", "never has the value 'caller.surges'",
+             lambda a, r, t, d: a["groups"][0]["rules"][0].update(expr='increase(tokentap_events_total{tokentap_event_kind="caller.surges"}[10m]) > 0'))
+    breakage("an event-kind regex that matches no kind", "never has the value 'callers.*'",
+             lambda a, r, t, d: d["annotations"]["list"].append({**d["annotations"]["list"][-1], "expr": 'increase(tokentap_events_total{tokentap_event_kind=~"callers.*"}[5m]) > 0'}))
+    breakage("a request's error kind on the events counter", "tokentap_events_total error_type never has the value 'http_4xx'",
+             lambda a, r, t, d: a["groups"][0]["rules"][0].update(expr='increase(tokentap_events_total{error_type="http_4xx"}[10m]) > 0'))
+    breakage("an event's error kind on the request counter", "tokentap_requests_total error_type never has the value 'http_401_403'",
+             lambda a, r, t, d: a["groups"][1]["rules"][0].update(expr='rate(tokentap_requests_total{error_type="http_401_403"}[5m]) > 0'))
     breakage("a test series with a label the metric lacks", "has no label hw_id",
              lambda a, r, t, d: t["tests"][0]["input_series"][0].update(series='tokentap_requests_total{hw_id="GPU-1"}'))
     breakage("an attribute the agent never sets", "is set nowhere in agent/src",
@@ -904,7 +992,8 @@ def smoke_series() -> list[dict]:
     labels on GPU metrics, request labels on request metrics, host_name on
     all): counters and histograms grow every minute, gauges hold a value.
     Model version A serves until 2 h, then version B; one series of
-    requests fails with http_5xx."""
+    requests fails with http_5xx. The events counter has a series per kind,
+    with the labels that kind's events carry."""
     out = []
     for series, otel in exported_series_names().items():
         kind, _ = INSTRUMENTS[otel]
@@ -920,6 +1009,8 @@ def smoke_series() -> list[dict]:
                 variants.append((dict(base, tokentap_model_version="bbbbbbbbbbbb", error_type="http_5xx"), "_x120 0+1x60"))
             if otel == "gen_ai.server.token.usage":
                 variants = [(dict(l, gen_ai_token_type=t), v) for l, v in variants for t in ("input", "output")]
+        elif otel == "tokentap.events":
+            variants = [(labels, "0+1x180") for labels in event_sample_labels(base)]
         elif kind in ("counter", "histogram"):
             variants = [(base, "0+10x180")]
         else:
@@ -930,6 +1021,24 @@ def smoke_series() -> list[dict]:
                     out.append({"series": _series(series, dict(labels, le=le)), "values": values})
             else:
                 out.append({"series": _series(series, labels), "values": values})
+    return out
+
+
+def event_sample_labels(base: dict) -> list[dict]:
+    """One label set per event kind, as Metrics::event writes them: the
+    kind; tenant and model version on caller and drift events; the version
+    on engine and model-version events; the error kind on error bursts;
+    nothing else on GPU events."""
+    out = []
+    for k in sorted(LABEL_VALUES["tokentap_event_kind"]):
+        labels = {"host_name": base["host_name"], "tokentap_event_kind": k}
+        if k.startswith(("caller.", "tokens.")):
+            labels["tokentap_tenant"] = SAMPLE_LABELS["tokentap_tenant"]
+        if k.startswith(("caller.", "tokens.", "engine.", "model_version.")):
+            labels["tokentap_model_version"] = "bbbbbbbbbbbb"
+        if k == "caller.error_burst":
+            labels["error_type"] = "http_401_403"
+        out.append(labels)
     return out
 
 
