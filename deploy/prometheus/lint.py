@@ -66,6 +66,7 @@ INSTRUMENTS: dict[str, tuple[str, str]] = {
     "gen_ai.server.time_per_output_token": ("histogram", "s"),
     "gen_ai.server.request.duration": ("histogram", "s"),
     "tokentap.server.time_per_output_chunk": ("histogram", "s"),
+    "tokentap.server.queue_time": ("histogram", "s"),
     "gen_ai.server.token.usage": ("histogram", "{token}"),
     "tokentap.requests": ("counter", "{request}"),
     # agent/src/metrics.rs: timeline events (agent/src/timeline/), one per
@@ -122,6 +123,7 @@ ATTRIBUTES: dict[str, set[str]] = {
     "gen_ai.server.time_per_output_token": REQUEST_KEYS,
     "gen_ai.server.request.duration": REQUEST_KEYS,
     "tokentap.server.time_per_output_chunk": REQUEST_KEYS,
+    "tokentap.server.queue_time": REQUEST_KEYS,
     "gen_ai.server.token.usage": REQUEST_KEYS | {"gen_ai.token.type"},
     "tokentap.requests": REQUEST_KEYS,
     # Metrics::event: the kind always; tenant, caller, model version and

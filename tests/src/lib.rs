@@ -420,6 +420,9 @@ pub fn now_ns() -> u64 {
 pub struct BracketedFd {
     pub fd: i32,
     pub first: Option<[u64; 2]>,
+    /// Left unread this long after poll says a request's first bytes are
+    /// there (an engine too busy to read: the request waits in the socket).
+    pub delay: std::time::Duration,
 }
 
 impl std::io::Read for BracketedFd {
@@ -431,6 +434,9 @@ impl std::io::Read for BracketedFd {
         };
         // SAFETY: one valid pollfd.
         unsafe { libc::poll(&mut pfd, 1, -1) };
+        if self.first.is_none() && !self.delay.is_zero() {
+            std::thread::sleep(self.delay);
+        }
         let lo = now_ns();
         // SAFETY: a valid buffer of buf.len() bytes.
         let r = unsafe { libc::read(self.fd, buf.as_mut_ptr().cast(), buf.len()) };

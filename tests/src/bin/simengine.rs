@@ -24,6 +24,12 @@
 //! write); plus the token count and the outcome (`client_disconnect` when a
 //! write failed).
 //!
+//! `--read-delay-ms A,B,C` leaves each request that starts on an empty
+//! buffer unread for the next delay of the list (in turn, across
+//! connections) after poll says it is there; `--accept-delay-ms N` leaves
+//! each new connection unaccepted for N ms: an engine too busy to read.
+//! `--nodelay` sets TCP_NODELAY on connections (as real engines do).
+//!
 //! Usage: simengine [--port N] [--addr IP] [--truth PATH] [--gpu-worker];
 //! listens on IP:N (default 127.0.0.1, any free port) and prints `listening
 //! PORT`. `--gpu-worker` first starts a child process standing for the
@@ -110,6 +116,21 @@ fn read_request(
     ))
 }
 
+/// `--read-delay-ms A,B,C`: the delays, used in turn by each request that
+/// starts on an empty buffer, across connections.
+static READ_DELAYS: std::sync::OnceLock<Vec<u64>> = std::sync::OnceLock::new();
+static READS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+fn next_read_delay() -> Duration {
+    match READ_DELAYS.get() {
+        Some(d) if !d.is_empty() => {
+            let i = READS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Duration::from_millis(d[i % d.len()])
+        }
+        _ => Duration::ZERO,
+    }
+}
+
 /// Requests being answered now (what `GET /metrics` reports, in llama.cpp
 /// server's metric names).
 static IN_FLIGHT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -133,8 +154,21 @@ fn serve(stream: TcpStream, truth: Arc<Mutex<Option<std::fs::File>>>) {
         .map(|a| a.to_string())
         .unwrap_or_default();
     let mut pending = Vec::new();
-    let mut conn = BracketedFd { fd, first: None };
-    while let Some((t_read, start, body)) = read_request(&mut conn, &mut pending) {
+    let mut conn = BracketedFd {
+        fd,
+        first: None,
+        delay: std::time::Duration::ZERO,
+    };
+    while let Some((t_read, start, body)) = {
+        // A request that starts on an empty buffer waits the next scripted
+        // delay in the socket before the engine reads it.
+        conn.delay = if pending.is_empty() {
+            next_read_delay()
+        } else {
+            Duration::ZERO
+        };
+        read_request(&mut conn, &mut pending)
+    } {
         if start.starts_with("get /metrics") {
             let r = http::response(200, "text/plain; version=0.0.4", &metrics_text());
             if !sys_write(fd, r.as_bytes(), "write") {
@@ -160,7 +194,7 @@ fn serve(stream: TcpStream, truth: Arc<Mutex<Option<std::fs::File>>>) {
         let usage = body["stream_options"]["include_usage"]
             .as_bool()
             .unwrap_or(false);
-        let mut t = json!({"id": id, "client": peer, "read": t_read, "status": status, "tokens": tokens, "stream": stream_req, "usage": usage});
+        let mut t = json!({"id": id, "client": peer, "read": t_read, "status": status, "tokens": tokens, "stream": stream_req, "usage": usage, "read_delay_ms": conn.delay.as_millis() as u64});
         let mut ok = true;
         let mut end: Option<[u64; 2]> = None;
         if status != 200 {
@@ -270,12 +304,45 @@ fn main() {
         }
         println!("worker {child}");
     }
+    if let Some(d) = opt("--read-delay-ms") {
+        let v: Vec<u64> = d
+            .split(',')
+            .map(|x| x.trim().parse().expect("--read-delay-ms A,B,C (ms)"))
+            .collect();
+        READ_DELAYS.set(v).ok();
+    }
+    // `--accept-delay-ms N`: each connection waits N ms before it is
+    // accepted (its request, sent at once, waits in the socket).
+    let accept_delay = Duration::from_millis(
+        opt("--accept-delay-ms")
+            .map(|v| v.parse().expect("--accept-delay-ms N"))
+            .unwrap_or(0),
+    );
+    // `--nodelay`: TCP_NODELAY on every connection, as uvicorn and most
+    // engines' servers set it (without it a small write can wait for the
+    // client's delayed ACK: on the wire later than the write).
+    let nodelay = args.iter().any(|a| a == "--nodelay");
     let addr = opt("--addr").unwrap_or_else(|| "127.0.0.1".to_string());
     let l = TcpListener::bind((addr.as_str(), port))
         .unwrap_or_else(|e| panic!("simengine: cannot listen on {addr}:{port}: {e}"));
     println!("listening {}", l.local_addr().expect("addr").port());
     std::io::stdout().flush().ok();
-    for s in l.incoming().flatten() {
+    loop {
+        if !accept_delay.is_zero() {
+            // Wait until a connection is queued, then leave it there.
+            let mut pfd = libc::pollfd {
+                fd: l.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd.
+            unsafe { libc::poll(&mut pfd, 1, -1) };
+            std::thread::sleep(accept_delay);
+        }
+        let Ok((s, _)) = l.accept() else { continue };
+        if nodelay {
+            let _ = s.set_nodelay(true);
+        }
         let t = truth.clone();
         std::thread::spawn(move || serve(s, t));
     }

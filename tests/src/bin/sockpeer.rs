@@ -181,7 +181,11 @@ fn noise() {
 /// (entered once poll says data is there) and of each content write: the
 /// kernel's timestamps lie inside them even when this process is preempted.
 fn serve_sse(fd: i32, n: usize, gap: Duration) -> String {
-    let mut conn = BracketedFd { fd, first: None };
+    let mut conn = BracketedFd {
+        fd,
+        first: None,
+        delay: std::time::Duration::ZERO,
+    };
     http::read_request(&mut conn, &mut Vec::new())
         .expect("request read failed")
         .expect("the client closed before its request");
