@@ -101,7 +101,7 @@ impl Peers {
             }
         }
         cmd.env("PYTHONUNBUFFERED", "1");
-        start(die_with_parent(niced(&mut cmd, 0)), ready, kind.name())
+        start(die_with_parent(&mut cmd), ready, kind.name())
     }
 
     /// Starts Rotel as an OTLP/gRPC (and HTTP) receiver that logs every
@@ -133,15 +133,14 @@ impl Peers {
     /// Runs the `openai` SDK client (`client.py`) against `base_url` and
     /// returns what it measured, one object per request.
     pub fn client(&self, base_url: &str, extra: &[&str], out: &Path) -> Vec<Value> {
-        let st = die_with_parent(niced(
+        let st = die_with_parent(
             Command::new(self.venv_bin("python"))
                 .arg(self.dir.join("client.py"))
                 .args(["--base-url", base_url, "--out"])
                 .arg(out)
                 .args(extra)
                 .stdin(Stdio::null()),
-            1,
-        ))
+        )
         .status()
         .expect("run client.py");
         assert!(st.success(), "client.py failed: {st}");
@@ -157,34 +156,6 @@ pub fn die_with_parent(cmd: &mut Command) -> &mut Command {
         cmd.pre_exec(|| {
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
                 return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        })
-    }
-}
-
-/// Runs the child at nice -10 (as root; otherwise unchanged), pinned to
-/// `cpu` when the machine has more than one. On two cores the engine and
-/// the client would otherwise wait for each other and for the agent: a
-/// late engine read is time the request spends unread in the socket
-/// before t0, which no syscall tracer sees (the kernel also tends to wake
-/// the engine on the client's own busy CPU), and a late client read lets
-/// the kernel coalesce queued segments under the newest one's receive
-/// timestamp. A production engine on cores of its own pays neither;
-/// tokentap's timestamps are taken in the kernel and do not depend on
-/// when the agent runs.
-pub fn niced(cmd: &mut Command, cpu: usize) -> &mut Command {
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let pin = std::env::var_os("PEERS_PIN").is_some();
-    // SAFETY: setpriority and sched_setaffinity are async-signal-safe; the
-    // cpu_set_t is a plain bit set built on the stack.
-    unsafe {
-        cmd.pre_exec(move || {
-            libc::setpriority(libc::PRIO_PROCESS, 0, -10);
-            if pin && cpus > 1 {
-                let mut set: libc::cpu_set_t = std::mem::zeroed();
-                libc::CPU_SET(cpu % cpus, &mut set);
-                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
             }
             Ok(())
         })

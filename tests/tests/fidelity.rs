@@ -6,18 +6,21 @@
 //! to a real OpenTelemetry collector (Rotel).
 //!
 //! Asserted: every client request is in the request log exactly once; the
-//! p99 of |tokentap TTFT − client TTFT| is ≤ 2 ms on loopback; token counts
+//! p99 of |tokentap TTFT − client TTFT| is ≤ 1 ms on loopback, with t0 the
+//! request's arrival at the engine's socket; token counts
 //! equal the server's usage where the client received usage; cancelled
 //! requests carry `error_type: client_disconnect`; Rotel received
 //! tokentap's metrics. Per-request differences are printed.
 //!
 //! The client times at its socket (send, and the kernel's receive
 //! timestamps; `tests/peers/client.py`). Requests go one at a time, 50 ms
-//! apart, after two warm-up requests; engine and client run at nice −10
-//! and the agent at nice 19, so that on two cores the difference measured
-//! is tokentap's and not the scheduler's (the split printed at the end
-//! shows both parts: the request unread in the engine's socket before t0,
-//! and t1 → the client's receive). See docs/comparison.md.
+//! apart, after two warm-up requests. Engine, client and agent run at the
+//! default priority, unpinned: with t0 taken when the request reaches the
+//! engine's socket (`tcp:tcp_probe`), the time a busy two-core machine
+//! leaves the request unread is inside tokentap's TTFT, as it is inside
+//! the client's (the printed split shows client send → t0 and t1 → the
+//! client's receive). Before arrival timestamps this test needed the engine
+//! and client at nice −10 and the agent at 19. See docs/comparison.md.
 //!
 //! The peers come from PyPI through `tests/peers/install.sh` (`cargo xtask
 //! peers`, run by `cargo xtask test`).
@@ -31,7 +34,7 @@ use std::{
 use serde_json::Value;
 use tokentap_tests::{
     assert_root, interrupt,
-    peers::{free_port, lowest_priority, Comparison, Engine, Peers},
+    peers::{free_port, Comparison, Engine, Peers},
     read_jsonl, scratch_dir, start, tokentap_bin,
 };
 
@@ -41,8 +44,9 @@ const N: usize = 168;
 /// Streamed requests the client sends first (its own warm-up: lazy
 /// imports, connection set-up), logged by tokentap but not compared.
 const WARMUP: usize = 2;
-/// Loopback bound on the p99 of |TTFT difference| (issue 5).
-const TTFT_P99_MAX_MS: f64 = 2.0;
+/// Loopback bound on the p99 of |TTFT difference| (issue 14; 2 ms with
+/// t0 at the read, issue 5).
+const TTFT_P99_MAX_MS: f64 = 1.0;
 
 /// The engines run one at a time: two on two cores would measure each
 /// other.
@@ -75,7 +79,7 @@ fn fidelity(kind: Engine) {
     let port = free_port();
     let (engine, _engine_out) = peers.start_engine(kind, port, 1);
     let (mut agent, agent_out) = start(
-        lowest_priority(&mut Command::new(tokentap_bin()))
+        Command::new(tokentap_bin())
             .args(["run", "--pid", &engine.0.id().to_string()])
             .args(["--no-console", "--export-interval", "1"])
             .arg("--otlp-endpoint")
@@ -213,6 +217,9 @@ fn fidelity(kind: Engine) {
         N + WARMUP,
         "no record beyond the client's requests (and its warm-up)"
     );
+    for r in &records {
+        assert_eq!(r["t0_source"], "arrival", "t0 is the arrival: {r}");
+    }
     for p in &cmp.pairs {
         let (q, r) = (p.client, p.record);
         let what = format!("client {q}\nrecord {r}");
