@@ -491,6 +491,11 @@ fn capture(secs: f64, rounds: usize) -> Result<Vec<Row>> {
         &[Tracer::None, Tracer::Floor, Tracer::AgentElsewhere],
         rounds,
     )?;
+    let bulk = rounds_of(
+        &["bulk", &s],
+        &[Tracer::None, Tracer::AgentElsewhere],
+        rounds,
+    )?;
     let mut rows = vec![];
     let (b, a) = (&tcp_max[0], &tcp_max[1]);
     rows.push(row(
@@ -569,6 +574,16 @@ fn capture(secs: f64, rounds: usize) -> Result<Vec<Row>> {
         format!("{na:.0} ns (+{:.0})", na - nb),
         format!("agent adds {ratio:.2}× the floor's cost"),
         format!("≤ 1.3×: {}", verdict(ratio <= 1.3)),
+    ));
+    let (b, a) = (&bulk[0], &bulk[1]);
+    let mib = |set: &[Sample]| med(set, Sample::rate) * 65536.0 / (1 << 20) as f64;
+    let kept = mib(a) / mib(b);
+    rows.push(row(
+        "bulk TCP transfer between processes NOT targeted (64 KiB writes, loopback): throughput with the arrival program on every received segment",
+        format!("{:.0} MiB/s", mib(b)),
+        format!("{:.0} MiB/s", mib(a)),
+        format!("{:.3}× untraced", kept),
+        format!("≥ 0.98×: {}", verdict(kept >= 0.98)),
     ));
     Ok(rows)
 }

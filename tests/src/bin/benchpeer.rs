@@ -10,6 +10,10 @@
 //!                    drains it), as fast as possible or paced at RATE
 //!                    writes/s (in 1 ms batches)
 //!   pipe SECS        16-byte write()s to a pipe (drained by the same thread)
+//!   bulk SECS        a bulk TCP transfer over loopback: 64 KiB write()s,
+//!                    drained by a reader thread (what the arrival program,
+//!                    on every TCP segment the host receives, costs
+//!                    traffic that is not an engine's)
 //!   idle             do nothing until stdin closes (a harmless target)
 //!   conns N          accept N loopback connections from a child process
 //!                    (not this one, so only the server side is a target);
@@ -144,6 +148,28 @@ fn main() {
             wait_go();
             let (n, wall, cpu) = write_loop(conn.as_raw_fd(), &sse_chunk(300), secs, rate);
             let _ = conn.write_all(http::LAST_CHUNK.as_bytes());
+            drop(conn);
+            reader.join().ok();
+            report(n, wall, cpu);
+        }
+        Some("bulk") => {
+            let secs: f64 = arg(1).and_then(|s| s.parse().ok()).unwrap_or(3.0);
+            let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+            let port = l.local_addr().expect("addr").port();
+            let reader = std::thread::spawn(move || {
+                let mut c = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+                let mut buf = vec![0u8; 1 << 16];
+                while let Ok(k) = c.read(&mut buf) {
+                    if k == 0 {
+                        break;
+                    }
+                }
+            });
+            let (conn, _) = l.accept().expect("accept");
+            println!("ready {}", std::process::id());
+            std::io::stdout().flush().ok();
+            wait_go();
+            let (n, wall, cpu) = write_loop(conn.as_raw_fd(), &vec![b'b'; 1 << 16], secs, None);
             drop(conn);
             reader.join().ok();
             report(n, wall, cpu);
