@@ -288,6 +288,17 @@ impl Capped {
         }
     }
 
+    /// The value as the request metrics export it, without admitting it or
+    /// counting an overflow (timeline events name tenants, callers and
+    /// versions their requests already brought in).
+    pub fn peek(&self, v: Option<&str>) -> String {
+        match v {
+            None => UNKNOWN.to_string(),
+            Some(v) if self.seen.contains(v) => v.to_string(),
+            Some(_) => OTHER.to_string(),
+        }
+    }
+
     pub fn get(&mut self, v: Option<&str>) -> String {
         let Some(v) = v else {
             return UNKNOWN.to_string();
@@ -356,7 +367,14 @@ impl AttributeMap {
         self.caps.get(&key).map_or(0, Capped::len)
     }
 
-    pub fn capped(&mut self, key: CapKey, v: Option<&str>) -> String {
+    /// What [`Self::capped`] would export for `v`, without admitting it.
+    pub fn peek(&self, key: CapKey, v: Option<&str>) -> String {
+        self.caps
+            .get(&key)
+            .map_or_else(|| OTHER.to_string(), |c| c.peek(v))
+    }
+
+    fn capped(&mut self, key: CapKey, v: Option<&str>) -> String {
         let c = self.caps.get_mut(&key).expect("every CapKey has a cap");
         let before = c.overflow;
         let out = c.get(v);
@@ -696,15 +714,15 @@ impl Metrics {
         let s = |k: &str| e.attr(k).and_then(|v| v.as_str()).map(str::to_string);
         let mut attrs = vec![KeyValue::new("tokentap.event.kind", e.kind)];
         if let Some(t) = s("tokentap.tenant") {
-            let v = self.attrs.capped(CapKey::Tenant, Some(&t));
+            let v = self.attrs.peek(CapKey::Tenant, Some(&t));
             attrs.push(KeyValue::new("tokentap.tenant", v));
         }
         if let Some(c) = s("tokentap.caller") {
-            let v = self.attrs.capped(CapKey::Caller, Some(&c));
+            let v = self.attrs.peek(CapKey::Caller, Some(&c));
             attrs.push(KeyValue::new("tokentap.caller", v));
         }
         if let Some(m) = s("tokentap.model.version") {
-            let v = self.attrs.capped(CapKey::ModelVersion, Some(&m));
+            let v = self.attrs.peek(CapKey::ModelVersion, Some(&m));
             attrs.push(KeyValue::new("tokentap.model.version", v));
         }
         if let Some(k) = s("error.type") {

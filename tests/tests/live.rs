@@ -5,7 +5,9 @@
 //! request log, with TTFT, TPOT and duration inside the interval the
 //! engine's own clock brackets (its clock just before and just after each
 //! syscall; on loopback a few µs wide unless the engine is preempted), and
-//! exact token counts.
+//! exact token counts. t0 is the request's arrival at the socket; the
+//! engine's read (its bracket) is t0 + `queue_s`, and the engine-side
+//! intervals are the record's minus `queue_s`.
 
 use std::{
     collections::HashMap, io::Write, net::TcpStream, path::Path, process::Command, time::Duration,
@@ -150,6 +152,13 @@ fn two_hundred_scripted_requests_match_the_engines_clock() {
         );
         (got - (lo + hi) / 2.0).abs()
     };
+    // Every request's arrival was seen (its connection opened after the
+    // agent started): t0 is the arrival, queue_s its wait before the read.
+    for r in &records {
+        assert_eq!(r["t0_source"], "arrival", "{r}");
+        assert!(r["queue_s"].as_f64().unwrap() >= 0.0, "{r}");
+    }
+    let queue = |r: &Value| r["queue_s"].as_f64().unwrap_or(0.0);
     let mut used = std::collections::HashSet::new();
     let (mut dev_ttft, mut dev_tpot, mut dev_dur, mut widest) = (0f64, 0f64, 0f64, 0f64);
     for t in &truth {
@@ -158,9 +167,11 @@ fn two_hundred_scripted_requests_match_the_engines_clock() {
         // The record whose t0 is nearest the bracket (a request answered
         // in ~100 µs, like a 429, leaves the next one's read within SLACK
         // of its own).
+        // t0 is the request's arrival; the engine brackets its read, which
+        // the record gives as t0 + queue_s.
         let off_bracket = |r: &Value| {
-            let t0 = r["t0_ns"].as_u64().unwrap() as f64 / 1e9;
-            (read_lo - t0).max(t0 - read_hi).max(0.0)
+            let t_read = r["t0_ns"].as_u64().unwrap() as f64 / 1e9 + queue(r);
+            (read_lo - t_read).max(t_read - read_hi).max(0.0)
         };
         let r = by_client
             .get(client)
@@ -192,7 +203,7 @@ fn two_hundred_scripted_requests_match_the_engines_clock() {
                 let (end_lo, end_hi) = br(&t["end"]);
                 dev_dur = dev_dur.max(within(
                     "duration",
-                    r["duration_s"].as_f64().unwrap(),
+                    r["duration_s"].as_f64().unwrap() - queue(r),
                     end_lo - read_hi,
                     end_hi - read_lo,
                     t,
@@ -204,7 +215,7 @@ fn two_hundred_scripted_requests_match_the_engines_clock() {
                     let (l_lo, l_hi) = br(&t["last"]);
                     dev_ttft = dev_ttft.max(within(
                         "ttft",
-                        r["ttft_s"].as_f64().unwrap(),
+                        r["ttft_s"].as_f64().unwrap() - queue(r),
                         f_lo - read_hi,
                         f_hi - read_lo,
                         t,
