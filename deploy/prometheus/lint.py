@@ -882,7 +882,7 @@ def self_test() -> int:
     breakage("an instrument missing from the table", "lacks",
              lambda a, r, t, d: INSTRUMENTS.pop("tokentap.self_requests"))
     breakage("a table entry the agent does not build", "is not built anywhere",
-             lambda a, r, t, d: INSTRUMENTS.update({"tokentap.server.queue_time": ("histogram", "s")}))
+             lambda a, r, t, d: INSTRUMENTS.update({"tokentap.server.made_up_time": ("histogram", "s")}))
     saved = dict(INSTRUMENTS)
     saved_attrs = dict(ATTRIBUTES)
     for what, expect, mutate in breakages:
