@@ -264,6 +264,7 @@ macro_rules! ignore_others {
 mod llamacpp;
 mod ollama;
 mod openai;
+pub use openai::set_fast_path;
 mod tgi;
 mod triton;
 

@@ -115,8 +115,119 @@ struct OpenAiObj<'a> {
     error: Option<IgnoredAny>,
 }
 
+/// Whether [`fast_chat_chunk`] is tried first (always, but for the decode
+/// benchmark's side-by-side comparison with the serde-only path).
+static FAST_PATH: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// Turns the chat-chunk pre-scan on or off (for `decodebench`, which
+/// measures both in one run).
+pub fn set_fast_path(on: bool) {
+    FAST_PATH.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Keys whose presence with any value but `null` needs the full parse.
+const SLOW_KEYS: [&[u8]; 10] = [
+    b"\"usage\"",
+    b"\"tool_calls\"",
+    b"\"reasoning_content\"",
+    b"\"reasoning\"",
+    b"\"thinking\"",
+    b"\"error\"",
+    b"\"timings\"",
+    b"\"message\"",
+    b"\"text\"",
+    b"\"finish_reason\"",
+];
+
+/// The chat stream's common event, read without a JSON parser: one choice
+/// whose `delta` has a non-empty string `content` (after at most a `role`),
+/// every key in [`SLOW_KEYS`] absent or `null`, a plain `model` string.
+/// Anything else — a role-only or final chunk, usage, tool calls,
+/// reasoning, several choices, escapes in `model`, spaces after colons —
+/// returns None and goes through serde. Gives what the serde path gives for
+/// the events it accepts (a property test checks it).
+///
+/// One pass over the event's quotes: a key is only ever matched with its
+/// quotes, and inside a JSON string a quote is escaped (`\"`), so
+/// `"usage"` cannot come from a string's bytes.
+fn fast_chat_chunk(json: &[u8]) -> Option<EventInfo<'_>> {
+    if json.first() != Some(&b'{') || json.last() != Some(&b'}') {
+        return None;
+    }
+    const DELTA: &[u8] = b"\"delta\":{";
+    const MODEL: &[u8] = b"\"model\":";
+    let (mut delta, mut model_at) = (None, None);
+    for q in memchr::memchr_iter(b'"', json) {
+        let rest = &json[q..];
+        let Some(&c) = rest.get(1) else { break };
+        if !matches!(c, b'd' | b'm' | b'u' | b't' | b'r' | b'e' | b'f') {
+            continue;
+        }
+        if rest.starts_with(DELTA) {
+            if delta.replace(q + DELTA.len()).is_some() {
+                return None; // several choices
+            }
+        } else if rest.starts_with(MODEL) {
+            if model_at.replace(q + MODEL.len()).is_some() {
+                return None;
+            }
+        } else if let Some(k) = SLOW_KEYS.iter().find(|k| rest.starts_with(k)) {
+            if !rest[k.len()..].starts_with(b":null") {
+                return None;
+            }
+        }
+    }
+    // `content` must be the delta's first key or follow a `role`, and be a
+    // non-empty string: `"content":"` then anything but `"`.
+    let inner = &json[delta?..];
+    let inner = match inner.strip_prefix(b"\"role\":") {
+        Some(r) => {
+            let comma = memchr::memchr(b',', r)?;
+            let role = &r[..comma];
+            if role != b"null"
+                && !(role.starts_with(b"\"") && role.ends_with(b"\"") && !role.contains(&b'\\'))
+            {
+                return None;
+            }
+            &r[comma + 1..]
+        }
+        None => inner,
+    };
+    let text = inner.strip_prefix(b"\"content\":\"")?;
+    if text.first().is_none_or(|&b| b == b'"') {
+        return None;
+    }
+    let model = match model_at {
+        None => None,
+        Some(at) => {
+            let rest = json[at..].strip_prefix(b"\"")?;
+            let end = memchr::memchr2(b'"', b'\\', rest)?;
+            if rest[end] != b'"' {
+                return None; // an escape: let serde unescape it
+            }
+            Some(Cow::Borrowed(std::str::from_utf8(&rest[..end]).ok()?))
+        }
+    };
+    Some(EventInfo {
+        content: Content::Answer,
+        content_parts: 1,
+        model,
+        ..EventInfo::default()
+    })
+}
+
 /// OpenAI-compatible events (and unknown shapes, read the same way).
 pub(super) fn interpret(format: Format, json: &[u8]) -> Option<EventInfo<'_>> {
+    if format == Format::OpenAiChat && FAST_PATH.load(std::sync::atomic::Ordering::Relaxed) {
+        if let Some(info) = fast_chat_chunk(json) {
+            return Some(info);
+        }
+    }
+    serde_interpret(format, json)
+}
+
+/// [`interpret`] by a full parse.
+fn serde_interpret(format: Format, json: &[u8]) -> Option<EventInfo<'_>> {
     let o: OpenAiObj<'_> = serde_json::from_slice(json).ok()?;
     let mut info = EventInfo {
         model: o.model.0,
@@ -377,5 +488,120 @@ mod tests {
             r(br#"{"type":"response.completed","response":7}"#).finish_reason,
             None
         );
+    }
+
+    use proptest::prelude::*;
+
+    /// A chat chunk built from parts engines use; all valid JSON.
+    fn chunk() -> impl Strategy<Value = String> {
+        let s = || {
+            prop_oneof![
+                Just(String::new()),
+                "[a-zA-Z0-9 ,.!-]{1,12}",
+                Just("line\\nbreak".to_string()),
+                Just("quote \\\"usage\\\":1 inside".to_string()),
+                Just("}{\\\"delta\\\":{".to_string()),
+                Just("ночь \\u00e9".to_string()),
+            ]
+        };
+        let opt_null = |v: BoxedStrategy<String>| {
+            prop_oneof![Just(None), Just(Some("null".to_string())), v.prop_map(Some)]
+        };
+        (
+            prop_oneof![
+                Just(None),
+                s().prop_map(Some),
+                Just(Some("a\\/b".to_string()))
+            ],
+            prop_oneof![Just(None), Just(Some("\"assistant\"")), Just(Some("null"))],
+            opt_null(s().prop_map(|c| format!("\"{c}\"")).boxed()),
+            opt_null(
+                Just("[{\"index\":0,\"function\":{\"arguments\":\"{}\"}}]".to_string()).boxed(),
+            ),
+            opt_null(s().prop_map(|c| format!("\"{c}\"")).boxed()),
+            opt_null(Just("\"stop\"".to_string()).boxed()),
+            opt_null(Just("{\"prompt_tokens\":3,\"completion_tokens\":2}".to_string()).boxed()),
+            opt_null(Just("{\"content\":[{\"token\":\"x\",\"logprob\":-1}]}".to_string()).boxed()),
+            1..3usize,
+            any::<bool>(),
+        )
+            .prop_map(
+                |(model, role, content, tools, reasoning, finish, usage, logprobs, n, spaced)| {
+                    let colon = if spaced { ": " } else { ":" };
+                    let mut delta = vec![];
+                    if let Some(r) = role {
+                        delta.push(format!("\"role\"{colon}{r}"));
+                    }
+                    if let Some(c) = &content {
+                        delta.push(format!("\"content\"{colon}{c}"));
+                    }
+                    if let Some(t) = &tools {
+                        delta.push(format!("\"tool_calls\"{colon}{t}"));
+                    }
+                    if let Some(r) = &reasoning {
+                        delta.push(format!("\"reasoning_content\"{colon}{r}"));
+                    }
+                    let mut choice = vec![
+                        format!("\"index\"{colon}0"),
+                        format!("\"delta\"{colon}{{{}}}", delta.join(",")),
+                    ];
+                    if let Some(l) = &logprobs {
+                        choice.push(format!("\"logprobs\"{colon}{l}"));
+                    }
+                    if let Some(f) = &finish {
+                        choice.push(format!("\"finish_reason\"{colon}{f}"));
+                    }
+                    let choices = vec![format!("{{{}}}", choice.join(",")); n];
+                    let mut top = vec![format!("\"id\"{colon}\"c1\"")];
+                    if let Some(m) = &model {
+                        top.push(format!("\"model\"{colon}\"{m}\""));
+                    }
+                    top.push(format!("\"choices\"{colon}[{}]", choices.join(",")));
+                    if let Some(u) = &usage {
+                        top.push(format!("\"usage\"{colon}{u}"));
+                    }
+                    format!("{{{}}}", top.join(","))
+                },
+            )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(4000))]
+        /// Whatever the pre-scan accepts, it reads as the full parse does.
+        #[test]
+        fn the_pre_scan_agrees_with_the_full_parse(json in chunk()) {
+            let full = serde_interpret(Format::OpenAiChat, json.as_bytes());
+            prop_assert!(full.is_some(), "the generator makes valid JSON: {json}");
+            if let Some(fast) = fast_chat_chunk(json.as_bytes()) {
+                prop_assert_eq!(Some(fast), full, "{}", json);
+            }
+        }
+    }
+
+    #[test]
+    fn the_pre_scan_takes_the_engines_common_chunks() {
+        for json in [
+            // vLLM
+            r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"meta-llama/Llama-3.1-8B-Instruct","choices":[{"index":0,"delta":{"content":" keeper"},"logprobs":null,"finish_reason":null}]}"#,
+            // SGLang
+            r#"{"id":"1","object":"chat.completion.chunk","created":1,"model":"qwen","choices":[{"index":0,"delta":{"role":null,"content":" world","reasoning_content":null,"tool_calls":null},"logprobs":null,"finish_reason":null,"matched_stop":null}],"usage":null}"#,
+            // llama-server
+            r#"{"choices":[{"finish_reason":null,"index":0,"delta":{"content":"Hi"}}],"created":1,"id":"chatcmpl-x","model":"gpt-3.5-turbo","system_fingerprint":"b1","object":"chat.completion.chunk"}"#,
+        ] {
+            let fast =
+                fast_chat_chunk(json.as_bytes()).unwrap_or_else(|| panic!("not taken: {json}"));
+            assert_eq!(
+                Some(fast),
+                serde_interpret(Format::OpenAiChat, json.as_bytes())
+            );
+        }
+        // Role-only, final and usage chunks go through the full parse.
+        for json in [
+            r#"{"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}"#,
+            r#"{"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}"#,
+            r#"{"model":"m","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2}}"#,
+        ] {
+            assert!(fast_chat_chunk(json.as_bytes()).is_none(), "{json}");
+        }
     }
 }
