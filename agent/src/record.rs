@@ -154,20 +154,8 @@ pub struct RequestLog {
 impl RequestLog {
     /// `-` writes to stdout; a path is appended to (a log survives restarts).
     pub fn create(path: &std::path::Path) -> anyhow::Result<Self> {
-        use anyhow::Context as _;
-        let sink: Box<dyn std::io::Write + Send> = if path.as_os_str() == "-" {
-            Box::new(std::io::stdout())
-        } else {
-            Box::new(
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(path)
-                    .with_context(|| format!("cannot open request log {}", path.display()))?,
-            )
-        };
         Ok(Self {
-            out: std::io::BufWriter::new(sink),
+            out: std::io::BufWriter::new(append_or_stdout(path, "request log")?),
             records: 0,
         })
     }
@@ -199,6 +187,26 @@ impl crate::pipeline::Sink for RequestLog {
     fn shutdown(mut self: Box<Self>, _: &crate::pipeline::Tick<'_>) -> anyhow::Result<()> {
         self.flush()
     }
+}
+
+/// A JSON Lines output: stdout for `-`, else `path` opened for appending
+/// (a log survives restarts); `what` names it in the error.
+pub fn append_or_stdout(
+    path: &std::path::Path,
+    what: &str,
+) -> anyhow::Result<Box<dyn std::io::Write + Send>> {
+    use anyhow::Context as _;
+    Ok(if path.as_os_str() == "-" {
+        Box::new(std::io::stdout())
+    } else {
+        Box::new(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .with_context(|| format!("cannot open {what} {}", path.display()))?,
+        )
+    })
 }
 
 /// RFC 3339 UTC with microseconds.

@@ -396,6 +396,15 @@ pub fn read_jsonl(path: &Path) -> Vec<Value> {
         .collect()
 }
 
+/// A JSON Lines log's complete lines so far (its writer may be mid-line).
+pub fn logged(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
 /// Decoded payload of a data event.
 pub fn payload(ev: &Value) -> Vec<u8> {
     use base64::Engine as _;

@@ -15,7 +15,7 @@ use std::{
 
 use serde_json::{json, Value};
 use tokentap_tests::{
-    assert_root, http, interrupt,
+    assert_root, http, interrupt, logged,
     otlp::{assert_exports_match_log, start_receiver},
     read_jsonl, scratch_dir, start, start_simengine, tokentap_bin, Netns,
 };
@@ -288,15 +288,6 @@ fn run_without_targets_finds_an_engine_by_its_command_line() {
         assert_eq!(r["provider"], "llama.cpp");
         assert_eq!(r["server_port"], port);
     }
-}
-
-/// The request log's complete lines so far (the agent may be mid-line).
-fn logged(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect()
 }
 
 /// Starts simengine on 0.0.0.0:`port` inside `ns`; returns it and its pid.

@@ -17,7 +17,7 @@ use std::{
 
 use serde_json::{json, Value};
 use tokentap_tests::{
-    assert_root, http, interrupt,
+    assert_root, http, interrupt, logged,
     otlp::{start_receiver, sum_point_attributes},
     read_jsonl, scratch_dir, start, tokentap_bin,
 };
@@ -25,15 +25,6 @@ use tokentap_tests::{
 /// Requests per phase after the probe that shows the agent found the engine.
 const N: usize = 4;
 const MODEL_BYTES: usize = 2 << 20;
-
-/// The request log's complete lines so far (the agent may be mid-line).
-fn logged(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect()
-}
 
 /// A fake 2 MiB "GGUF" file: magic, then bytes that depend on `seed`.
 fn write_model(path: &Path, seed: u8) {

@@ -30,20 +30,12 @@ use std::{
 
 use serde_json::{json, Value};
 use tokentap_tests::{
-    assert_root, free_port, http, interrupt,
+    assert_root, free_port, http, interrupt, logged,
     otlp::{histogram_counts_by, start_receiver_with_logs},
     read_jsonl, scratch_dir, start, tokentap_bin, Netns, Running,
 };
 
 const EVENTS_CONFIG: &str = "[events]\nwindow_s = 1\ngrace_s = 0.3\nwarmup_windows = 3\nrollback_idle_s = 1\nretry_storm_min = 5\ndrift_baseline_requests = 30\ndrift_window_requests = 15\ndrift_hold_s = 0.5\n";
-
-fn logged(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect()
-}
 
 /// The simulated engine on 0.0.0.0:`port` inside `ns`, with `env`.
 fn engine(ns: &Netns, port: u16, env: &[(&str, &str)]) -> Running {

@@ -5,7 +5,7 @@
 
 use std::io::Write as _;
 
-use anyhow::{Context as _, Result};
+use anyhow::Result;
 
 use super::Event;
 use crate::{
@@ -21,19 +21,8 @@ pub struct EventLog {
 impl EventLog {
     /// `-` writes to stdout; a path is appended to.
     pub fn create(path: &std::path::Path) -> Result<Self> {
-        let sink: Box<dyn std::io::Write + Send> = if path.as_os_str() == "-" {
-            Box::new(std::io::stdout())
-        } else {
-            Box::new(
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(path)
-                    .with_context(|| format!("cannot open events log {}", path.display()))?,
-            )
-        };
         Ok(Self {
-            out: std::io::BufWriter::new(sink),
+            out: std::io::BufWriter::new(crate::record::append_or_stdout(path, "events log")?),
             events: 0,
         })
     }
