@@ -6,7 +6,9 @@
 //! forbids it; only tracepoint context and user memory are read), block or
 //! slow the traced process beyond a map lookup when it is not targeted.
 //!
-//! One file per hook family: `data.rs` (read/write family), `conn.rs`
+//! One file per hook family: `data.rs` (read/write family, syscall
+//! tracepoints), `btf.rs` (the same calls from one `tp_btf/sys_exit`
+//! program, preferred where the kernel allows it), `conn.rs`
 //! (accept/connect/close), `process.rs` (exec/fork/exit), `arrival.rs`
 //! (`tcp:tcp_probe`: when a request's bytes reach an engine's socket). Maps live in
 //! `maps.rs`. The object carries the record-layout version in its
@@ -16,6 +18,8 @@
 
 #[cfg(target_arch = "bpf")]
 mod arrival;
+#[cfg(target_arch = "bpf")]
+mod btf;
 #[cfg(target_arch = "bpf")]
 mod conn;
 #[cfg(target_arch = "bpf")]

@@ -210,13 +210,14 @@ async fn capture(a: CaptureArgs) -> Result<()> {
     let mut batch: Vec<SocketEvent> = Vec::new();
     cap.seed(&mut batch);
     eprintln!(
-        "tokentap: capturing pids {:?}{}; ready",
+        "tokentap: capturing pids {:?}{}; data hooks {}; ready",
         cap.targets(),
         if a.ports.is_empty() {
             String::new()
         } else {
             format!(" ports {:?}", a.ports)
-        }
+        },
+        cap.data_hooks().name()
     );
     let mut src = EventSource::Live(Box::new(cap));
     let end = deadline(a.duration.map(|s| Duration::from_secs_f64(s.max(0.0))));

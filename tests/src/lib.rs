@@ -298,7 +298,13 @@ impl Agent {
     /// Starts `tokentap capture ARGS --out OUT` and waits until it says it
     /// is attached.
     pub fn capture(args: &[&str], out: &Path) -> Agent {
-        let mut child = Command::new(tokentap_bin())
+        Agent::capture_via(Command::new(tokentap_bin()), args, out)
+    }
+
+    /// As [`Agent::capture`], with `cmd` running the agent (e.g. a wrapper
+    /// that changes its mount namespace, ending in the tokentap binary).
+    pub fn capture_via(mut cmd: Command, args: &[&str], out: &Path) -> Agent {
+        let mut child = cmd
             .arg("capture")
             .args(args)
             .arg("--out")

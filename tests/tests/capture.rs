@@ -89,11 +89,101 @@ fn assert_monotonic_per_conn(evs: &[Value]) {
 #[ignore = "needs root: loads eBPF (cargo xtask test runs it as root)"]
 fn every_read_and_write_syscall_is_captured_in_order_and_nothing_else() {
     assert_root("capture exchange");
-    let dir = scratch_dir("exchange");
+    // The default (auto) on this kernel: the BTF program.
+    let cap = exchange(Command::new(tokentap_bin()), &[], "exchange");
+    assert_ready_with(&cap, "data hooks btf; ready");
+}
+
+#[test]
+#[ignore = "needs root: loads eBPF (cargo xtask test runs it as root)"]
+fn the_syscall_tracepoint_data_hooks_capture_the_same() {
+    assert_root("capture exchange, tracepoint hooks");
+    let cap = exchange(
+        Command::new(tokentap_bin()),
+        &["--data-hooks", "tracepoint"],
+        "exchange-tp",
+    );
+    assert_ready_with(&cap, "data hooks tracepoint; ready");
+}
+
+/// A kernel without BTF (here: /sys/kernel/btf/vmlinux hidden in the
+/// agent's own mount namespace): `auto` falls back to the syscall
+/// tracepoints, says why, and captures the same; `btf` refuses to start.
+#[test]
+#[ignore = "needs root: loads eBPF (cargo xtask test runs it as root)"]
+fn without_kernel_btf_auto_falls_back_to_syscall_tracepoints_and_btf_refuses() {
+    assert_root("capture exchange without BTF");
+    let cap = exchange(without_btf(), &[], "exchange-nobtf");
+    assert_ready_with(&cap, "data hooks tracepoint; ready");
+    assert!(
+        cap.stderr.iter().any(|l| l.contains(
+            "socket data through syscall tracepoints (the faster BTF tracepoint is not available: no kernel BTF"
+        )),
+        "the fallback must say why: {:?}",
+        cap.stderr
+    );
+
+    let dir = scratch_dir("nobtf-refused");
+    let a = peer();
+    let out = without_btf()
+        .args([
+            "capture",
+            "--pid",
+            &a.pid.to_string(),
+            "--data-hooks",
+            "btf",
+        ])
+        .arg("--out")
+        .arg(dir.join("cap.jsonl"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "--data-hooks btf without BTF must fail"
+    );
+    assert!(
+        err.contains("--data-hooks btf") && err.contains("no kernel BTF"),
+        "{err}"
+    );
+}
+
+/// The tokentap binary run in a private mount namespace where the
+/// kernel's BTF file reads as empty.
+fn without_btf() -> Command {
+    let mut c = Command::new("unshare");
+    c.args([
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        "mount --bind /dev/null /sys/kernel/btf/vmlinux && exec \"$0\" \"$@\"",
+    ])
+    .arg(tokentap_bin());
+    c
+}
+
+fn assert_ready_with(cap: &tokentap_tests::Captured, want: &str) {
+    assert!(
+        cap.stderr.iter().any(|l| l.ends_with(want)),
+        "no line ending with {want:?}: {:?}",
+        cap.stderr
+    );
+}
+
+/// Every read and write syscall family through a targeted peer (one
+/// connection, the exchange script, a 256 KiB body in one read), the same
+/// through an untargeted one; asserts the capture is exact and complete.
+fn exchange(cmd: Command, extra: &[&str], name: &str) -> tokentap_tests::Captured {
+    let dir = scratch_dir(name);
     let cap_path = dir.join("cap.jsonl");
     let mut a = peer();
     let mut b = peer();
-    let agent = Agent::capture(&["--pid", &a.pid.to_string()], &cap_path);
+    let pid = a.pid.to_string();
+    let mut args = vec!["--pid", pid.as_str()];
+    args.extend_from_slice(extra);
+    let agent = Agent::capture_via(cmd, &args, &cap_path);
 
     let mut ca = TcpStream::connect(("127.0.0.1", a.port)).unwrap();
     let fd = accepted_fd(&a.cmd("accept"));
@@ -213,6 +303,7 @@ fn every_read_and_write_syscall_is_captured_in_order_and_nothing_else() {
         .unwrap();
     assert!(st.success());
     assert_eq!(&tokentap_tests::read_jsonl(&replayed), evs);
+    cap
 }
 
 #[test]

@@ -67,6 +67,8 @@ pub struct CaptureOptions {
     /// Timestamp request bytes as they reach the engines' sockets
     /// (`tcp:tcp_probe`); off, or refused by the kernel: t0 is the read.
     pub arrival: bool,
+    /// Which hooks capture socket data.
+    pub data_hooks: DataHooks,
 }
 
 impl Default for CaptureOptions {
@@ -80,6 +82,28 @@ impl Default for CaptureOptions {
             proc_root: PathBuf::from("/proc"),
             allow_no_targets: false,
             arrival: true,
+            data_hooks: DataHooks::Auto,
+        }
+    }
+}
+
+/// How socket reads and writes are hooked in the kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum DataHooks {
+    /// `btf` where the kernel allows it, else `tracepoint`.
+    Auto,
+    /// One BTF tracepoint program on the raw `sys_exit` tracepoint.
+    Btf,
+    /// A perf syscall tracepoint pair per data syscall.
+    Tracepoint,
+}
+
+impl DataHooks {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Btf => "btf",
+            Self::Tracepoint => "tracepoint",
         }
     }
 }
@@ -168,6 +192,8 @@ pub struct Capture {
     /// timestamps off or refused), and what it holds now.
     arrival_ports: Option<HashMap<MapData, u16, u8>>,
     arrival_set: HashSet<u16>,
+    /// The data hooks in use: `Btf` or `Tracepoint`.
+    data_hooks: DataHooks,
     _config: Array<MapData, Config>,
     _ebpf: Ebpf,
 }
@@ -218,7 +244,7 @@ impl Capture {
             },
             0,
         )?;
-        programs::attach_agent(&mut ebpf)?;
+        let data_hooks = programs::attach_agent(&mut ebpf, opts.data_hooks)?;
         let arrival_ports = if opts.arrival {
             match programs::attach_arrival(&mut ebpf) {
                 Ok(()) => Some(HashMap::try_from(
@@ -278,6 +304,7 @@ impl Capture {
             st,
             arrival_ports,
             arrival_set: HashSet::new(),
+            data_hooks,
             _config: config,
             _ebpf: ebpf,
         };
@@ -285,6 +312,12 @@ impl Capture {
         let ports = opts.ports.clone();
         cap.set_arrival_ports(ports.iter().copied());
         Ok(cap)
+    }
+
+    /// The hooks capturing socket data (`Btf` or `Tracepoint`, never
+    /// `Auto`).
+    pub fn data_hooks(&self) -> DataHooks {
+        self.data_hooks
     }
 
     /// Whether request arrivals are timestamped in the kernel.

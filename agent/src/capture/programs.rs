@@ -12,7 +12,12 @@ use std::path::{Path, PathBuf};
 
 use agent_ebpf::{ABI_SECTION, ABI_VERSION};
 use anyhow::{bail, Context, Result};
-use aya::{programs::TracePoint, Ebpf, EbpfLoader};
+use aya::{
+    programs::{BtfTracePoint, TracePoint},
+    Btf, Ebpf, EbpfLoader,
+};
+
+use super::DataHooks;
 use object::{Object, ObjectSection};
 
 /// The compiled kernel programs (empty when built without `cargo xtask`).
@@ -234,39 +239,95 @@ fn attach_programs(
             .program_mut(name)
             .context("program vanished")?
             .try_into()?;
-        if let Err(e) = prog.load() {
-            // EPERM/EACCES with an empty verifier log is a privilege
-            // refusal, not the verifier's judgement (which also says
-            // EACCES, with its log).
-            let refused = match &e {
-                aya::programs::ProgramError::LoadError {
-                    io_error,
-                    verifier_log,
-                } => {
-                    io_error.kind() == std::io::ErrorKind::PermissionDenied
-                        && verifier_log.to_string().trim().is_empty()
-                }
-                _ => false,
-            };
-            let text = format!("{e:?}");
-            if refused {
-                anyhow::bail!(
-                    "the kernel refused to load {name}: Operation not permitted — tracepoint programs need CAP_PERFMON (with CAP_BPF) or root ({text})"
-                );
-            }
-            return Err(anyhow::anyhow!(text))
-                .with_context(|| format!("the kernel verifier rejected {name}"));
-        }
+        prog.load().map_err(|e| load_failure(name, e))?;
         prog.attach(category, &tp)
             .with_context(|| format!("attaching {name} to {category}/{tp}"))?;
     }
     Ok(())
 }
 
+/// Why a program did not load. EPERM/EACCES with an empty verifier log is
+/// a privilege refusal, not the verifier's judgement (which also says
+/// EACCES, with its log).
+fn load_failure(name: &str, e: aya::programs::ProgramError) -> anyhow::Error {
+    let refused = match &e {
+        aya::programs::ProgramError::LoadError {
+            io_error,
+            verifier_log,
+        } => {
+            io_error.kind() == std::io::ErrorKind::PermissionDenied
+                && verifier_log.to_string().trim().is_empty()
+        }
+        _ => false,
+    };
+    let text = format!("{e:?}");
+    if refused {
+        return anyhow::anyhow!(
+            "the kernel refused to load {name}: Operation not permitted — tracepoint programs need CAP_PERFMON (with CAP_BPF) or root ({text})"
+        );
+    }
+    anyhow::anyhow!(text).context(format!("the kernel verifier rejected {name}"))
+}
+
+/// The data syscalls' perf tracepoint programs (`data.rs`), which the BTF
+/// program replaces when it is attached.
+pub fn is_data_tracepoint_program(name: &str) -> bool {
+    const DATA: [&str; 8] = [
+        "read", "write", "readv", "writev", "recvfrom", "sendto", "recvmsg", "sendmsg",
+    ];
+    name.strip_prefix("sys_enter_")
+        .or_else(|| name.strip_prefix("sys_exit_"))
+        .is_some_and(|call| DATA.contains(&call))
+}
+
+/// The BTF tracepoint program for socket data (`btf.rs`) on the raw
+/// `sys_exit` tracepoint.
+pub const BTF_DATA_PROGRAM: &str = "data_sys_exit";
+
+/// Loads and attaches the BTF data program; an error says why the kernel
+/// (or this build) does not allow it.
+fn attach_btf_data(ebpf: &mut Ebpf) -> Result<()> {
+    if !cfg!(target_arch = "x86_64") {
+        bail!("the BTF data program reads x86_64 registers; this is another architecture");
+    }
+    let btf = Btf::from_sys_fs().map_err(|e| anyhow::anyhow!(e)).context(
+        "no kernel BTF (/sys/kernel/btf/vmlinux; a kernel built with CONFIG_DEBUG_INFO_BTF has it)",
+    )?;
+    let prog: &mut BtfTracePoint = ebpf
+        .program_mut(BTF_DATA_PROGRAM)
+        .context("the eBPF object has no BTF data program (rebuild with `cargo xtask build`)")?
+        .try_into()?;
+    prog.load("sys_exit", &btf)
+        .map_err(|e| load_failure(BTF_DATA_PROGRAM, e))?;
+    prog.attach()
+        .context("attaching the BTF data program to the raw sys_exit tracepoint")?;
+    Ok(())
+}
+
 /// Attaches every program of the agent. Without a known
 /// `sched_process_fork` layout, children of targets are not followed in
 /// the kernel (a warning says so); everything else works.
-pub(super) fn attach_agent(ebpf: &mut Ebpf) -> Result<()> {
+///
+/// Socket data is hooked as `hooks` asks; the result says which hooks are
+/// in use (`Btf` or `Tracepoint`). `Auto` falls back to the syscall
+/// tracepoints when the BTF program is refused, and says why once.
+pub(super) fn attach_agent(ebpf: &mut Ebpf, hooks: DataHooks) -> Result<DataHooks> {
+    let used = match hooks {
+        DataHooks::Tracepoint => DataHooks::Tracepoint,
+        DataHooks::Btf => {
+            attach_btf_data(ebpf).context("--data-hooks btf")?;
+            DataHooks::Btf
+        }
+        DataHooks::Auto => match attach_btf_data(ebpf) {
+            Ok(()) => DataHooks::Btf,
+            Err(e) => {
+                eprintln!(
+                    "tokentap: socket data through syscall tracepoints (the faster BTF tracepoint is not available: {e:#})"
+                );
+                DataHooks::Tracepoint
+            }
+        },
+    };
     let fork = fork_program();
     if fork.is_none() {
         log::warn!(
@@ -276,6 +337,9 @@ pub(super) fn attach_agent(ebpf: &mut Ebpf) -> Result<()> {
     }
     let events = tracefs_events();
     attach_programs(ebpf, |name| {
+        if used == DataHooks::Btf && is_data_tracepoint_program(name) {
+            return None;
+        }
         let (category, tp) = agent_attach_point(name, fork)?;
         // fork and vfork are not syscalls on every architecture (arm64
         // has only clone/clone3); elsewhere a missing tracepoint is an
@@ -286,7 +350,8 @@ pub(super) fn attach_agent(ebpf: &mut Ebpf) -> Result<()> {
             return None;
         }
         Some((category, tp))
-    })
+    })?;
+    Ok(used)
 }
 
 /// Attaches the arrival program to `tcp:tcp_probe` when the tracepoint's

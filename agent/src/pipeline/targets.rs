@@ -107,7 +107,7 @@ impl Targeter {
         self.scan(cap, node, events)?;
         cap.set_arrival_ports(self.arrival_ports(node));
         let found = cap.targets();
-        Ok(match &self.targeting {
+        let line = match &self.targeting {
             Targeting::Discover => format!(
                 "tokentap: watching for inference servers (vLLM, SGLang, TGI, llama.cpp, Ollama, Triton, LMDeploy); found {}; ready",
                 found.len()
@@ -130,7 +130,10 @@ impl Targeter {
                     format!(" ports {ports:?}")
                 }
             ),
-        })
+        };
+        // "…; data hooks btf; ready": which kernel hooks capture socket data.
+        let hooks = format!("; data hooks {}; ready", cap.data_hooks().name());
+        Ok(line.replacen("; ready", &hooks, 1))
     }
 
     /// The ports whose incoming segments are timestamped: the selected
