@@ -11,8 +11,8 @@
 //! - No perf-event record: a raw tracepoint hands the program the kernel's
 //!   arguments directly; a perf syscall tracepoint first builds a trace
 //!   record in a per-CPU buffer and copies the arguments into it.
-//! - Small single-buffer payloads are copied from user memory straight into
-//!   a reserved ring-buffer record (one copy instead of two).
+//! - The exit program of `data.rs` then does the same work (the record is
+//!   staged per CPU and copied to the ring with its exact size).
 //!
 //! The raw tracepoint fires on every syscall of every process; the first
 //! test is the syscall number (a register load and a compare), so
@@ -95,6 +95,6 @@ pub fn data_sys_exit(ctx: BtfTracePointContext) -> i32 {
         armed: 0,
         _pad: [0; 2],
     };
-    emit(id, &p, r, true);
+    emit(id, &p, r);
     0
 }

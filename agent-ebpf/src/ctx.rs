@@ -43,7 +43,7 @@ pub fn bump(index: u32) {
 /// up). Uses only per-CPU state: nothing here touches a cache line the
 /// reader writes.
 #[inline(always)]
-pub fn wakeup_flag() -> u64 {
+fn wakeup_flag() -> u64 {
     let every = match CONFIG.get(0) {
         Some(c) => c.wakeup_every as u64,
         None => 1,

@@ -14,17 +14,19 @@ pub mod procfs;
 pub mod programs;
 pub mod reassemble;
 mod records;
+mod ring;
 pub mod sockfd;
 mod targets;
 
 use std::{
     collections::{HashMap as StdHashMap, HashSet},
+    os::fd::AsFd,
     path::PathBuf,
 };
 
 use agent_ebpf::{
     stat, Config, ConnState, RecordHeader, ABI_VERSION, CHUNK_BYTES, DEFAULT_MAX_CALL_BYTES,
-    MAX_RECORDS_PER_CALL,
+    HEADER_BYTES, MAX_RECORDS_PER_CALL,
 };
 use anyhow::{bail, Context, Result};
 use aya::{
@@ -69,6 +71,12 @@ pub struct CaptureOptions {
     pub arrival: bool,
     /// Which hooks capture socket data.
     pub data_hooks: DataHooks,
+    /// The capture path as it was before issue 14's cheaper path, kept as
+    /// the benchmark's reference: syscall-tracepoint data hooks, the ring
+    /// buffer read one record at a time (aya's reader, publishing the
+    /// read position after each record), a reader wake-up every 64
+    /// records per CPU.
+    pub capture_reference: bool,
 }
 
 impl Default for CaptureOptions {
@@ -83,6 +91,7 @@ impl Default for CaptureOptions {
             allow_no_targets: false,
             arrival: true,
             data_hooks: DataHooks::Auto,
+            capture_reference: false,
         }
     }
 }
@@ -148,12 +157,21 @@ pub struct CaptureStats {
     pub proc_events_dropped: u64,
 }
 
-/// Records per CPU between forced reader wake-ups: 64, or fewer so that
-/// a quarter of a small ring buffer is never exceeded by SSE-sized records.
-fn wakeup_every(ring_bytes: u32) -> u32 {
-    let fit = (ring_bytes / 4 / 512).clamp(1, 64);
+/// Records per CPU between forced reader wake-ups: `cap`, or fewer so
+/// that a quarter of the ring buffer is never exceeded even by records of
+/// the largest size (a full chunk); a power of two. Each wake-up is an
+/// inter-processor interrupt the traced process pays for (a VM exit on a
+/// virtual machine); the reader's 10 ms poll picks up the rest.
+fn wakeup_every(ring_bytes: u32, cap: u32) -> u32 {
+    let largest = (HEADER_BYTES + CHUNK_BYTES + 8) as u32;
+    let fit = (ring_bytes / 4 / largest).clamp(1, cap);
     1 << (31 - fit.leading_zeros())
 }
+
+/// Forced wake-up interval cap: 256 records per CPU; 64 for
+/// `--capture-reference` (the capture path before issue 14).
+const WAKEUP_CAP: u32 = 256;
+const REFERENCE_WAKEUP_CAP: u32 = 64;
 
 /// Userspace state the record handler mutates (kept apart from the ring
 /// buffer so both can be borrowed at once).
@@ -194,6 +212,9 @@ pub struct Capture {
     arrival_set: HashSet<u16>,
     /// The data hooks in use: `Btf` or `Tracepoint`.
     data_hooks: DataHooks,
+    /// Batched ring reads (None: aya's per-record reads, the benchmark's
+    /// reference).
+    reader: Option<ring::RingReader>,
     _config: Array<MapData, Config>,
     _ebpf: Ebpf,
 }
@@ -239,12 +260,24 @@ impl Capture {
             Config {
                 max_call_bytes: max_call,
                 abi_version: ABI_VERSION,
-                wakeup_every: wakeup_every(opts.ring_bytes),
+                wakeup_every: wakeup_every(
+                    opts.ring_bytes,
+                    if opts.capture_reference {
+                        REFERENCE_WAKEUP_CAP
+                    } else {
+                        WAKEUP_CAP
+                    },
+                ),
                 _pad: 0,
             },
             0,
         )?;
-        let data_hooks = programs::attach_agent(&mut ebpf, opts.data_hooks)?;
+        let hooks = if opts.capture_reference {
+            DataHooks::Tracepoint
+        } else {
+            opts.data_hooks
+        };
+        let data_hooks = programs::attach_agent(&mut ebpf, hooks)?;
         let arrival_ports = if opts.arrival {
             match programs::attach_arrival(&mut ebpf) {
                 Ok(()) => Some(HashMap::try_from(
@@ -267,6 +300,14 @@ impl Capture {
         let stats_map =
             PerCpuArray::try_from(ebpf.take_map("STATS").context("STATS map missing")?)?;
         let ring = RingBuf::try_from(ebpf.take_map("EVENTS").context("EVENTS map missing")?)?;
+        let reader = if opts.capture_reference {
+            None
+        } else {
+            Some(
+                ring::RingReader::new(ring.as_fd(), opts.ring_bytes)
+                    .context("mapping the ring buffer")?,
+            )
+        };
         // SAFETY: the ring buffer's fd stays open for as long as the
         // AsyncFd owning it exists.
         let ring = unsafe { AsyncFd::register(ring) }.map_err(|e| {
@@ -305,6 +346,7 @@ impl Capture {
             arrival_ports,
             arrival_set: HashSet::new(),
             data_hooks,
+            reader,
             _config: config,
             _ebpf: ebpf,
         };
@@ -390,10 +432,7 @@ impl Capture {
             Ok(guard) => {
                 let mut guard = guard?;
                 let ring = guard.get_inner_mut();
-                self.st.tables.clear();
-                while let Some(item) = ring.next() {
-                    self.st.handle(&item, out);
-                }
+                Self::read(ring, &mut self.reader, &mut self.st, out);
                 guard.clear_ready();
             }
             Err(_) => self.drain(out),
@@ -403,10 +442,25 @@ impl Capture {
 
     /// Converts whatever is in the ring buffer now, without waiting.
     pub fn drain(&mut self, out: &mut Vec<SocketEvent>) {
-        let ring = self.ring.get_mut();
-        self.st.tables.clear();
-        while let Some(item) = ring.next() {
-            self.st.handle(&item, out);
+        Self::read(self.ring.get_mut(), &mut self.reader, &mut self.st, out);
+    }
+
+    fn read(
+        ring: &mut RingBuf<MapData>,
+        reader: &mut Option<ring::RingReader>,
+        st: &mut State,
+        out: &mut Vec<SocketEvent>,
+    ) {
+        st.tables.clear();
+        match reader {
+            Some(r) => {
+                r.drain(|rec| st.handle(rec, out));
+            }
+            None => {
+                while let Some(item) = ring.next() {
+                    st.handle(&item, out);
+                }
+            }
         }
     }
 
@@ -453,13 +507,15 @@ impl Capture {
 
 #[cfg(test)]
 mod tests {
-    use super::wakeup_every;
+    use super::{wakeup_every, REFERENCE_WAKEUP_CAP, WAKEUP_CAP};
 
     #[test]
     fn wakeup_interval_is_a_power_of_two_that_fits_small_rings() {
-        assert_eq!(wakeup_every(16 << 20), 64);
-        assert_eq!(wakeup_every(4096), 2);
-        assert_eq!(wakeup_every(8192), 4);
-        assert_eq!(wakeup_every(1 << 12 >> 1), 1);
+        assert_eq!(wakeup_every(16 << 20, WAKEUP_CAP), 256);
+        assert_eq!(wakeup_every(16 << 20, REFERENCE_WAKEUP_CAP), 64);
+        // 1 MiB: 31 largest records in a quarter → 16.
+        assert_eq!(wakeup_every(1 << 20, WAKEUP_CAP), 16);
+        assert_eq!(wakeup_every(4096, WAKEUP_CAP), 1);
+        assert_eq!(wakeup_every(1 << 12 >> 1, WAKEUP_CAP), 1);
     }
 }

@@ -173,6 +173,12 @@ pub struct KernelFlags {
     /// `tracepoint`, saying why.
     #[arg(long, value_enum, value_name = "HOOKS", default_value_t = DataHooks::Auto)]
     pub data_hooks: DataHooks,
+    /// Benchmark reference only: the capture path as it was before the
+    /// cheaper one (syscall-tracepoint data hooks, per-record ring reads,
+    /// a reader wake-up every 64 records). `cargo xtask bench capture`
+    /// compares against it in the same run.
+    #[arg(long, hide = true)]
+    pub capture_reference: bool,
 }
 
 impl Default for KernelFlags {
@@ -183,6 +189,7 @@ impl Default for KernelFlags {
             max_conns: 65536,
             no_arrival_time: false,
             data_hooks: DataHooks::Auto,
+            capture_reference: false,
         }
     }
 }
@@ -198,6 +205,7 @@ impl KernelFlags {
             max_conns: self.max_conns,
             arrival: !self.no_arrival_time,
             data_hooks: self.data_hooks,
+            capture_reference: self.capture_reference,
             ..CaptureOptions::default()
         }
     }

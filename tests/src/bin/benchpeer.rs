@@ -10,6 +10,8 @@
 //!                    drains it), as fast as possible or paced at RATE
 //!                    writes/s (in 1 ms batches)
 //!   pipe SECS        16-byte write()s to a pipe (drained by the same thread)
+//!   sys SECS         getppid() in a loop: a syscall that is not a socket
+//!                    call (what a hook on every syscall costs the rest)
 //!   bulk SECS        a bulk TCP transfer over loopback: 64 KiB write()s,
 //!                    drained by a reader thread (what the arrival program,
 //!                    on every TCP segment the host receives, costs
@@ -203,6 +205,25 @@ fn main() {
             }
             report(n, start.elapsed().as_secs_f64(), thread_cpu_s() - cpu0);
         }
+        Some("sys") => {
+            let secs: f64 = arg(1).and_then(|s| s.parse().ok()).unwrap_or(3.0);
+            println!("ready {}", std::process::id());
+            std::io::stdout().flush().ok();
+            wait_go();
+            let start = Instant::now();
+            let cpu0 = thread_cpu_s();
+            let end = start + Duration::from_secs_f64(secs);
+            let mut n = 0u64;
+            while Instant::now() < end {
+                for _ in 0..2048 {
+                    // SAFETY: no arguments, no side effects. Through
+                    // syscall(2) so libc cannot answer it from a cache.
+                    unsafe { libc::syscall(libc::SYS_getppid) };
+                    n += 1;
+                }
+            }
+            report(n, start.elapsed().as_secs_f64(), thread_cpu_s() - cpu0);
+        }
         Some("conns") => {
             let n: usize = arg(1).and_then(|s| s.parse().ok()).unwrap_or(10_000);
             raise_nofile(n as u64 * 2 + 64);
@@ -252,7 +273,7 @@ fn main() {
             std::io::stdin().lock().read_to_string(&mut sink).ok();
         }
         _ => {
-            eprintln!("usage: benchpeer tcp SECS [RATE] | pipe SECS | conns N | idle");
+            eprintln!("usage: benchpeer tcp SECS [RATE] | pipe SECS | sys SECS | bulk SECS | conns N | idle");
             std::process::exit(2);
         }
     }
