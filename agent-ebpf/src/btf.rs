@@ -16,7 +16,9 @@
 //!
 //! The raw tracepoint fires on every syscall of every process; the first
 //! test is the syscall number (a register load and a compare), so
-//! syscalls other than the eight data calls return at once.
+//! syscalls other than the eight data calls return at once; data calls of
+//! processes that are not targeted return after one array load
+//! (`TARGET_SLOTS`), before the `TARGETS` hash lookup.
 //!
 //! Lockdown: `regs` is a BTF-typed pointer; loads through it are checked
 //! by the verifier against the kernel's `struct pt_regs` and need no
@@ -26,14 +28,14 @@
 //! Syscall numbers and `pt_regs` offsets are x86_64's; the agent only tries
 //! this program there.
 
-use agent_ebpf::{conn_key, Syscall};
+use agent_ebpf::{conn_key, target_slot, Syscall};
 use aya_ebpf::{
     helpers::bpf_get_current_pid_tgid, macros::btf_tracepoint, programs::BtfTracePointContext,
 };
 
 use crate::{
     data::{emit, EAGAIN},
-    maps::{Pending, CONNS, TARGETS},
+    maps::{Pending, CONNS, TARGETS, TARGET_SLOTS},
 };
 
 /// `struct pt_regs` on x86_64, in u64 words: `dx` (12), `si` (13), `di`
@@ -75,6 +77,11 @@ pub fn data_sys_exit(ctx: BtfTracePointContext) -> i32 {
     };
     let id = bpf_get_current_pid_tgid();
     let tgid = (id >> 32) as u32;
+    // The array pre-filter first: a process that is not targeted returns
+    // here without a hash lookup (unless its slot is shared).
+    if TARGET_SLOTS.get(target_slot(tgid)).copied() != Some(1) {
+        return 0;
+    }
     // SAFETY: plain-data map values read by copy.
     if unsafe { TARGETS.get(&tgid) }.is_none() {
         return 0;

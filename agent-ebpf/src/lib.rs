@@ -15,7 +15,7 @@
 /// Bumped whenever a layout below changes. The kernel object carries it in
 /// its [`ABI_SECTION`] ELF section; the agent compares the two before
 /// loading and refuses a mismatch.
-pub const ABI_VERSION: u32 = 6;
+pub const ABI_VERSION: u32 = 7;
 
 /// ELF section of the kernel object holding [`ABI_VERSION`] as a
 /// little-endian u32.
@@ -270,6 +270,15 @@ pub struct ConnState {
 
 /// `CLONE_THREAD`: the new task shares its parent's thread group.
 pub const CLONE_THREAD: u64 = 0x10000;
+
+/// Entries of the `TARGET_SLOTS` pre-filter (a power of two).
+pub const TARGET_SLOTS: u32 = 65536;
+
+/// Index of `tgid` in the `TARGET_SLOTS` pre-filter.
+#[inline(always)]
+pub const fn target_slot(tgid: u32) -> u32 {
+    tgid & (TARGET_SLOTS - 1)
+}
 
 /// Key of the `CONNS` map.
 #[inline(always)]

@@ -11,6 +11,16 @@ use aya_ebpf::{
 #[map]
 pub static TARGETS: HashMap<u32, u8> = HashMap::with_max_entries(4096, 0);
 
+/// Pre-filter for `TARGETS` in the BTF data program, which runs on every
+/// syscall's exit: slot `target_slot(tgid)` is 1 when a target with such
+/// a tgid was ever added (an array lookup, inlined by the verifier, where a
+/// hash lookup costs tens of nanoseconds). Set before the `TARGETS` entry
+/// by userspace and by the fork program; never cleared (clearing would
+/// race with a fork setting it), so a stale slot only costs a `TARGETS`
+/// lookup.
+#[map]
+pub static TARGET_SLOTS: Array<u8> = Array::with_max_entries(agent_ebpf::TARGET_SLOTS, 0);
+
 /// Tracked TCP connections, keyed by `conn_key(tgid, fd)`.
 #[map]
 pub static CONNS: HashMap<u64, ConnState> = HashMap::with_max_entries(65536, 0);

@@ -12,7 +12,7 @@
 //! A process that is not targeted pays one TARGETS lookup per clone enter
 //! and one FORKING lookup per fork.
 
-use agent_ebpf::{stat, RecordHeader, RecordKind, CLONE_THREAD};
+use agent_ebpf::{stat, target_slot, RecordHeader, RecordKind, CLONE_THREAD};
 use aya_ebpf::{
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns,
@@ -25,7 +25,7 @@ use aya_ebpf::{
 
 use crate::{
     ctx::{arg, bump, send},
-    maps::{FORKING, TARGETS},
+    maps::{FORKING, TARGETS, TARGET_SLOTS},
 };
 
 #[repr(C)]
@@ -152,6 +152,10 @@ fn on_fork(child_pid: u32) -> u32 {
     let process = unsafe { core::ptr::replace(slot, 0) };
     if process == 0 {
         return 0;
+    }
+    if let Some(p) = TARGET_SLOTS.get_ptr_mut(target_slot(child_pid)) {
+        // SAFETY: an array slot; only ever set to 1.
+        unsafe { *p = 1 };
     }
     if TARGETS.insert(&child_pid, &1u8, 0).is_err() {
         bump(stat::TARGETS_FULL);

@@ -177,6 +177,8 @@ const REFERENCE_WAKEUP_CAP: u32 = 64;
 /// buffer so both can be borrowed at once).
 struct State {
     targets: HashMap<MapData, u32, u8>,
+    /// The BTF data program's pre-filter for `targets`.
+    slots: Array<MapData, u8>,
     conns: HashMap<MapData, u64, ConnState>,
     stats_map: PerCpuArray<MapData, u64>,
     clock: ClockOffset,
@@ -296,6 +298,10 @@ impl Capture {
         };
 
         let targets = HashMap::try_from(ebpf.take_map("TARGETS").context("TARGETS map missing")?)?;
+        let slots = Array::try_from(
+            ebpf.take_map("TARGET_SLOTS")
+                .context("TARGET_SLOTS map missing")?,
+        )?;
         let conns = HashMap::try_from(ebpf.take_map("CONNS").context("CONNS map missing")?)?;
         let stats_map =
             PerCpuArray::try_from(ebpf.take_map("STATS").context("STATS map missing")?)?;
@@ -319,6 +325,7 @@ impl Capture {
 
         let mut st = State {
             targets,
+            slots,
             conns,
             stats_map,
             clock: ClockOffset::measure(),

@@ -3,11 +3,12 @@
 //! supervisor — may have forked the server before the agent started), and
 //! counting what the kernel holds.
 //!
-//! Owns: TARGETS writes by userspace (the kernel adds forked children and
+//! Owns: TARGETS (and TARGET_SLOTS) writes by userspace (the kernel adds forked children and
 //! removes exited thread groups itself; `records.rs` mirrors that in
 //! `target_pids`). Must not: remove targets (the kernel does at exit), or
 //! follow anything but the process tree.
 
+use agent_ebpf::target_slot;
 use anyhow::{Context, Result};
 
 use super::{procfs, State};
@@ -20,6 +21,7 @@ impl State {
     pub(super) fn add_tree(&mut self, pid: u32) -> Result<Vec<u32>> {
         let mut added = Vec::new();
         if self.target_pids.insert(pid) {
+            self.mark_slot(pid)?;
             self.targets
                 .insert(pid, 1u8, 0)
                 .with_context(|| format!("adding pid {pid} to TARGETS"))?;
@@ -29,6 +31,7 @@ impl State {
             if self.target_pids.insert(child) {
                 // A full TARGETS map is not fatal for a descendant: the
                 // target itself is captured.
+                self.mark_slot(child)?;
                 if let Err(e) = self.targets.insert(child, 1u8, 0) {
                     log::warn!("descendant {child} of target {pid} not captured: {e}");
                     self.target_pids.remove(&child);
@@ -38,6 +41,14 @@ impl State {
             }
         }
         Ok(added)
+    }
+
+    /// Sets `pid`'s slot in the kernel's `TARGET_SLOTS` pre-filter (before
+    /// its TARGETS entry; slots are never cleared).
+    fn mark_slot(&mut self, pid: u32) -> Result<()> {
+        self.slots
+            .set(target_slot(pid), 1u8, 0)
+            .with_context(|| format!("marking pid {pid} in TARGET_SLOTS"))
     }
 
     /// Entries in the kernel's TARGETS map now.
