@@ -308,6 +308,14 @@ fn the_image_measures_an_engine_with_exactly_the_daemonsets_privileges() {
     let (ok, msg) = podman(&["stop", "-t", "10", &name]);
     assert!(ok, "{msg}");
     let logs = podman(&["logs", &name]).1;
+    // The manifest's privileges are enough for the faster data path too
+    // (this kernel has BTF): no fallback to the syscall tracepoints.
+    let ready = logs.lines().find(|l| l.ends_with("; ready")).unwrap_or("");
+    eprintln!("in the container: {ready}");
+    assert!(
+        ready.contains("data hooks btf"),
+        "with the DaemonSet's privileges the BTF data program must attach: {logs}"
+    );
     let recs = read_jsonl(&out_dir.join("requests.jsonl"));
     assert_eq!(
         recs.len(),
