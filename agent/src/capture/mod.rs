@@ -20,7 +20,7 @@ mod targets;
 
 use std::{
     collections::{HashMap as StdHashMap, HashSet},
-    os::fd::AsFd,
+    os::fd::{AsFd, AsRawFd, RawFd},
     path::PathBuf,
 };
 
@@ -204,9 +204,32 @@ struct State {
     proc_events_dropped: u64,
 }
 
+/// The ring buffer as the agent reads it.
+enum Ring {
+    /// Batched reads (`ring.rs`); the map is kept for its fd.
+    Batched {
+        reader: ring::RingReader,
+        map: MapData,
+        /// Bytes of records read at most per call (the ring's size): a
+        /// burst is handed to the pipeline in bounded batches.
+        limit: u64,
+    },
+    /// aya's per-record reads (`--capture-reference`).
+    PerRecord(RingBuf<MapData>),
+}
+
+impl AsRawFd for Ring {
+    fn as_raw_fd(&self) -> RawFd {
+        match self {
+            Ring::Batched { map, .. } => map.fd().as_fd().as_raw_fd(),
+            Ring::PerRecord(r) => r.as_raw_fd(),
+        }
+    }
+}
+
 pub struct Capture {
     // Field order matters for drop: programs detach before maps go.
-    ring: AsyncFd<RingBuf<MapData>>,
+    ring: AsyncFd<Ring>,
     st: State,
     /// The engines' ports the arrival program watches (None: arrival
     /// timestamps off or refused), and what it holds now.
@@ -214,9 +237,6 @@ pub struct Capture {
     arrival_set: HashSet<u16>,
     /// The data hooks in use: `Btf` or `Tracepoint`.
     data_hooks: DataHooks,
-    /// Batched ring reads (None: aya's per-record reads, the benchmark's
-    /// reference).
-    reader: Option<ring::RingReader>,
     _config: Array<MapData, Config>,
     _ebpf: Ebpf,
 }
@@ -305,14 +325,23 @@ impl Capture {
         let conns = HashMap::try_from(ebpf.take_map("CONNS").context("CONNS map missing")?)?;
         let stats_map =
             PerCpuArray::try_from(ebpf.take_map("STATS").context("STATS map missing")?)?;
-        let ring = RingBuf::try_from(ebpf.take_map("EVENTS").context("EVENTS map missing")?)?;
-        let reader = if opts.capture_reference {
-            None
+        let events = ebpf.take_map("EVENTS").context("EVENTS map missing")?;
+        // One mapping of the ring: aya's reader maps it too (and the kernel
+        // maps a ring's pages at mmap time, so every mapping adds its
+        // size to the agent's RSS, twice over for the wrap-around copy).
+        let ring = if opts.capture_reference {
+            Ring::PerRecord(RingBuf::try_from(events)?)
         } else {
-            Some(
-                ring::RingReader::new(ring.as_fd(), opts.ring_bytes)
-                    .context("mapping the ring buffer")?,
-            )
+            let aya::maps::Map::RingBuf(map) = events else {
+                bail!("the EVENTS map is not a ring buffer");
+            };
+            let reader = ring::RingReader::new(map.fd().as_fd(), opts.ring_bytes)
+                .context("mapping the ring buffer")?;
+            Ring::Batched {
+                reader,
+                map,
+                limit: opts.ring_bytes as u64,
+            }
         };
         // SAFETY: the ring buffer's fd stays open for as long as the
         // AsyncFd owning it exists.
@@ -353,7 +382,6 @@ impl Capture {
             arrival_ports,
             arrival_set: HashSet::new(),
             data_hooks,
-            reader,
             _config: config,
             _ebpf: ebpf,
         };
@@ -438,35 +466,41 @@ impl Capture {
         match tokio::time::timeout(POLL_INTERVAL, self.ring.readable_mut()).await {
             Ok(guard) => {
                 let mut guard = guard?;
-                let ring = guard.get_inner_mut();
-                Self::read(ring, &mut self.reader, &mut self.st, out);
-                guard.clear_ready();
+                // Readiness stays set while a bounded read left records.
+                if !Self::read(guard.get_inner_mut(), &mut self.st, out) {
+                    guard.clear_ready();
+                }
             }
-            Err(_) => self.drain(out),
+            Err(_) => {
+                Self::read(self.ring.get_mut(), &mut self.st, out);
+            }
         }
         Ok(())
     }
 
-    /// Converts whatever is in the ring buffer now, without waiting.
+    /// Converts whatever is in the ring buffer now, without waiting
+    /// (several bounded reads when a burst is waiting).
     pub fn drain(&mut self, out: &mut Vec<SocketEvent>) {
-        Self::read(self.ring.get_mut(), &mut self.reader, &mut self.st, out);
+        for _ in 0..16 {
+            if !Self::read(self.ring.get_mut(), &mut self.st, out) {
+                break;
+            }
+        }
     }
 
-    fn read(
-        ring: &mut RingBuf<MapData>,
-        reader: &mut Option<ring::RingReader>,
-        st: &mut State,
-        out: &mut Vec<SocketEvent>,
-    ) {
+    /// One read of the ring; true when it stopped at its size limit with
+    /// more records waiting.
+    fn read(ring: &mut Ring, st: &mut State, out: &mut Vec<SocketEvent>) -> bool {
         st.tables.clear();
-        match reader {
-            Some(r) => {
-                r.drain(|rec| st.handle(rec, out));
+        match ring {
+            Ring::Batched { reader, limit, .. } => {
+                reader.drain(*limit, |rec| st.handle(rec, out)).1
             }
-            None => {
+            Ring::PerRecord(ring) => {
                 while let Some(item) = ring.next() {
                     st.handle(&item, out);
                 }
+                false
             }
         }
     }

@@ -112,13 +112,18 @@ impl RingReader {
     }
 
     /// Calls `f` with every committed record, in order, stopping at the
-    /// first one still being written; returns how many were passed.
-    pub fn drain(&mut self, mut f: impl FnMut(&[u8])) -> u64 {
+    /// first one still being written or once `limit` bytes of records were
+    /// consumed (so a producer faster than `f` cannot make one call last,
+    /// and its output grow, without end); returns how many records were
+    /// passed and whether it stopped at the limit with more to read.
+    pub fn drain(&mut self, limit: u64, mut f: impl FnMut(&[u8])) -> (u64, bool) {
         // SAFETY: the data pages follow the producer page.
         let data = unsafe { (self.producer.ptr as *const u8).add(self.page) };
         let mut cons = self.consumer_pos().load(Ordering::Relaxed);
         let mut published = cons;
+        let start = cons;
         let mut passed = 0;
+        let mut more = false;
         'batches: loop {
             let prod = self.producer_pos().load(Ordering::Acquire);
             if cons >= prod {
@@ -148,11 +153,15 @@ impl RingReader {
                     self.consumer_pos().store(cons, Ordering::Release);
                     published = cons;
                 }
+                if cons - start >= limit {
+                    more = cons < self.producer_pos().load(Ordering::Acquire);
+                    break 'batches;
+                }
             }
         }
         if cons != published {
             self.consumer_pos().store(cons, Ordering::Release);
         }
-        passed
+        (passed, more)
     }
 }
