@@ -37,6 +37,7 @@ if sys.version_info < (3, 11):
 
 import argparse
 import ctypes
+import fcntl
 import hashlib
 import json
 import os
@@ -146,6 +147,16 @@ def install_tools() -> None:
     stamp = TOOLS / f".installed-{_pins_stamp()}"
     if stamp.exists():
         return
+    # Checks may start at once (the test suite runs its tests in
+    # parallel): one installs, the others wait for it and find the stamp.
+    TOOLS.parent.mkdir(parents=True, exist_ok=True)
+    with open(TOOLS.parent / "deploy-tools.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not stamp.exists():
+            _install(stamp)
+
+
+def _install(stamp: Path) -> None:
     t0 = time.monotonic()
     print(f"check.py: installing pinned tools into {TOOLS} ...", file=sys.stderr)
     if TOOLS.exists():
