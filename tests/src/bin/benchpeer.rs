@@ -118,6 +118,19 @@ fn report(writes: u64, wall: f64, cpu: f64) {
     std::io::stdout().flush().ok();
 }
 
+/// Runs `batch` (which returns the calls it made) until `secs` have
+/// passed, then reports calls, wall time and this thread's CPU time.
+fn timed_batches(secs: f64, mut batch: impl FnMut() -> u64) {
+    let start = Instant::now();
+    let cpu0 = thread_cpu_s();
+    let end = start + Duration::from_secs_f64(secs);
+    let mut n = 0u64;
+    while Instant::now() < end {
+        n += batch();
+    }
+    report(n, start.elapsed().as_secs_f64(), thread_cpu_s() - cpu0);
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let arg = |i: usize| args.get(i).map(String::as_str);
@@ -189,11 +202,8 @@ fn main() {
             wait_go();
             let chunk = [b'y'; 16];
             let mut buf = vec![0u8; 2048 * 16];
-            let start = Instant::now();
-            let cpu0 = thread_cpu_s();
-            let end = start + Duration::from_secs_f64(secs);
-            let mut n = 0u64;
-            while Instant::now() < end {
+            timed_batches(secs, || {
+                let mut n = 0;
                 for _ in 0..2048 {
                     // SAFETY: valid buffers and fds.
                     if unsafe { libc::write(p[1], chunk.as_ptr().cast(), 16) } == 16 {
@@ -202,27 +212,22 @@ fn main() {
                 }
                 // SAFETY: as above.
                 unsafe { libc::read(p[0], buf.as_mut_ptr().cast(), buf.len()) };
-            }
-            report(n, start.elapsed().as_secs_f64(), thread_cpu_s() - cpu0);
+                n
+            });
         }
         Some("sys") => {
             let secs: f64 = arg(1).and_then(|s| s.parse().ok()).unwrap_or(3.0);
             println!("ready {}", std::process::id());
             std::io::stdout().flush().ok();
             wait_go();
-            let start = Instant::now();
-            let cpu0 = thread_cpu_s();
-            let end = start + Duration::from_secs_f64(secs);
-            let mut n = 0u64;
-            while Instant::now() < end {
+            timed_batches(secs, || {
                 for _ in 0..2048 {
                     // SAFETY: no arguments, no side effects. Through
                     // syscall(2) so libc cannot answer it from a cache.
                     unsafe { libc::syscall(libc::SYS_getppid) };
-                    n += 1;
                 }
-            }
-            report(n, start.elapsed().as_secs_f64(), thread_cpu_s() - cpu0);
+                2048
+            });
         }
         Some("conns") => {
             let n: usize = arg(1).and_then(|s| s.parse().ok()).unwrap_or(10_000);
