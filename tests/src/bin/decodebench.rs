@@ -9,7 +9,8 @@
 //!
 //! Runs the decoder as shipped and with the chat-chunk pre-scan off
 //! (`sse_events_per_s_serde_only`: every event through serde, the decoder
-//! before the pre-scan), alternating, each for half of SECS.
+//! before the pre-scan), alternating, each for half of SECS; or only one
+//! of them (`decodebench SECS fast|serde`, to profile it).
 
 use std::time::Instant;
 
@@ -84,6 +85,17 @@ fn main() {
         .nth(1)
         .and_then(|s| s.parse().ok())
         .unwrap_or(3.0);
+    // Which decoders run: both alternating (the benchmark), or one alone
+    // (to profile it: `perf record decodebench 5 fast`).
+    let modes: &[usize] = match std::env::args().nth(2).as_deref() {
+        None | Some("both") => &[0, 1],
+        Some("fast") => &[0],
+        Some("serde") => &[1],
+        Some(other) => {
+            eprintln!("decodebench: unknown mode {other:?} (both, fast or serde)");
+            std::process::exit(2);
+        }
+    };
     let conns = 64;
     let per_conn = 10;
     // Build per-connection streams, then interleave them round-robin.
@@ -129,7 +141,7 @@ fn main() {
     let mut out = Vec::new();
     let slice = secs / 10.0;
     for round in 0..20 {
-        let mode = round % 2; // 0: pre-scan on, 1: off
+        let mode = modes[round % modes.len()]; // 0: pre-scan on, 1: off
         tokentap::decode::engines::set_fast_path(mode == 0);
         let start = Instant::now();
         while start.elapsed().as_secs_f64() < slice {
@@ -145,16 +157,17 @@ fn main() {
         spent[mode] += start.elapsed().as_secs_f64();
     }
     tokentap::decode::engines::set_fast_path(true);
-    let rate = |m: usize| (sse_events * passes[m]) as f64 / spent[m];
-    println!(
-        "{{\"sse_events_per_s\":{:.0},\"sse_events_per_s_serde_only\":{:.0},\"socket_events_per_s\":{:.0},\"records_per_s\":{:.0},\"mb_per_s\":{:.1},\"passes\":{},\"socket_events\":{},\"sse_events\":{}}}",
-        rate(0),
-        rate(1),
-        (events.len() as u64 * passes[0]) as f64 / spent[0],
-        records[0] as f64 / spent[0],
-        (bytes * passes[0]) as f64 / spent[0] / 1e6,
-        passes[0],
-        events.len(),
-        sse_events
-    );
+    // A mode that did not run has no rate (null).
+    let per_s = |n: u64, m: usize| (spent[m] > 0.0).then(|| (n as f64 / spent[m]).round());
+    let v = serde_json::json!({
+        "sse_events_per_s": per_s(sse_events * passes[0], 0),
+        "sse_events_per_s_serde_only": per_s(sse_events * passes[1], 1),
+        "socket_events_per_s": per_s(events.len() as u64 * passes[0], 0),
+        "records_per_s": per_s(records[0], 0),
+        "mb_per_s": per_s(bytes * passes[0], 0).map(|b| (b / 1e5).round() / 10.0),
+        "passes": passes[0],
+        "socket_events": events.len(),
+        "sse_events": sse_events,
+    });
+    println!("{v}");
 }

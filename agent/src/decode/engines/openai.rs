@@ -157,7 +157,7 @@ fn fast_chat_chunk(json: &[u8]) -> Option<EventInfo<'_>> {
     const DELTA: &[u8] = b"\"delta\":{";
     const MODEL: &[u8] = b"\"model\":";
     let (mut delta, mut model_at) = (None, None);
-    for q in memchr::memchr_iter(b'"', json) {
+    for q in Quotes::new(json) {
         let rest = &json[q..];
         let Some(&c) = rest.get(1) else { break };
         if !matches!(c, b'd' | b'm' | b'u' | b't' | b'r' | b'e' | b'f') {
@@ -214,6 +214,65 @@ fn fast_chat_chunk(json: &[u8]) -> Option<EventInfo<'_>> {
         model,
         ..EventInfo::default()
     })
+}
+
+/// The positions of `"` in a short slice, eight bytes at a time. A chat
+/// chunk is ~150 bytes with ~25 quotes: a search call per quote
+/// (`memchr_iter`) spent more time starting each search than searching.
+struct Quotes<'a> {
+    bytes: &'a [u8],
+    /// Offset of the word in `mask`.
+    at: usize,
+    /// The high bit of each byte of the current word that is a quote and
+    /// not yet returned.
+    mask: u64,
+}
+
+impl<'a> Quotes<'a> {
+    fn new(bytes: &'a [u8]) -> Self {
+        let mut q = Quotes {
+            bytes,
+            at: 0,
+            mask: 0,
+        };
+        q.mask = q.word_mask(0);
+        q
+    }
+
+    /// Quote bytes of the (zero-padded) word at `at`, as high bits. Exact
+    /// per byte: `(x & 0x7f..) + 0x7f..` cannot carry into the next byte.
+    #[inline]
+    fn word_mask(&self, at: usize) -> u64 {
+        const LO7: u64 = 0x7f7f_7f7f_7f7f_7f7f;
+        let w = match self.bytes.get(at..at + 8) {
+            Some(w) => u64::from_le_bytes(w.try_into().unwrap()),
+            None => {
+                let mut pad = [0u8; 8];
+                let tail = self.bytes.get(at..).unwrap_or_default();
+                pad[..tail.len()].copy_from_slice(tail);
+                u64::from_le_bytes(pad)
+            }
+        };
+        let x = w ^ 0x2222_2222_2222_2222;
+        !(((x & LO7) + LO7) | x | LO7)
+    }
+}
+
+impl Iterator for Quotes<'_> {
+    type Item = usize;
+    #[inline]
+    fn next(&mut self) -> Option<usize> {
+        while self.mask == 0 {
+            self.at += 8;
+            if self.at >= self.bytes.len() {
+                return None;
+            }
+            self.mask = self.word_mask(self.at);
+        }
+        let i = self.at + (self.mask.trailing_zeros() / 8) as usize;
+        self.mask &= self.mask - 1;
+        Some(i)
+    }
 }
 
 /// OpenAI-compatible events (and unknown shapes, read the same way).
@@ -491,6 +550,19 @@ mod tests {
     }
 
     use proptest::prelude::*;
+
+    proptest! {
+        /// The word-at-a-time scan finds exactly the quotes a byte loop
+        /// finds, whatever the length and whatever high bytes surround them.
+        #[test]
+        fn quotes_are_found_exactly(bytes in proptest::collection::vec(
+            prop_oneof![Just(b'"'), Just(b'"' | 0x80), Just(0u8), Just(0x21u8), Just(0x23u8), any::<u8>()],
+            0..80,
+        )) {
+            let want: Vec<usize> = bytes.iter().enumerate().filter(|(_, &b)| b == b'"').map(|(i, _)| i).collect();
+            prop_assert_eq!(Quotes::new(&bytes).collect::<Vec<_>>(), want);
+        }
+    }
 
     /// A chat chunk built from parts engines use; all valid JSON.
     fn chunk() -> impl Strategy<Value = String> {
