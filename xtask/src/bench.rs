@@ -206,6 +206,10 @@ struct Sample {
     agent_cpu_s: f64,
     /// Agent peak RSS (VmHWM), KiB.
     agent_rss_kib: f64,
+    /// Kernel run time of the agent's eBPF programs during the workload,
+    /// and how many times they ran (only when measured with stats on).
+    prog_ns: f64,
+    prog_runs: f64,
 }
 
 impl Sample {
@@ -354,7 +358,36 @@ fn proc_cpu_s(pid: u32) -> f64 {
     ticks / hz
 }
 
+/// IDs of the eBPF programs loaded now.
+fn prog_ids() -> Result<std::collections::HashSet<u32>> {
+    aya::programs::loaded_programs()
+        .map(|p| Ok(p.context("listing eBPF programs")?.id()))
+        .collect()
+}
+
+/// Total kernel run time (ns) and run count of the programs loaded now
+/// that are not in `old` (the agent's, loaded after `old` was taken).
+fn prog_totals(old: &std::collections::HashSet<u32>) -> Result<(f64, f64)> {
+    let (mut ns, mut runs) = (0.0, 0.0);
+    for p in aya::programs::loaded_programs() {
+        let p = p.context("reading eBPF program info")?;
+        if !old.contains(&p.id()) {
+            ns += p.run_time().as_nanos() as f64;
+            runs += p.run_count() as f64;
+        }
+    }
+    Ok((ns, runs))
+}
+
+/// One run of `workload` under `tracer`; with `prog_stats`, the kernel's
+/// run-time statistics are switched on for it (BPF_ENABLE_STATS: two clock
+/// reads per program run, so such a run is not one of the timed ones) and
+/// the agent's programs' run time and count are read around the workload.
 fn measure(workload: &[&str], tracer: Tracer) -> Result<Sample> {
+    measure_with(workload, tracer, false)
+}
+
+fn measure_with(workload: &[&str], tracer: Tracer, prog_stats: bool) -> Result<Sample> {
     let mut child = Command::new(bin("benchpeer"))
         .args(workload)
         .stdin(Stdio::piped())
@@ -371,6 +404,13 @@ fn measure(workload: &[&str], tracer: Tracer) -> Result<Sample> {
         .context("benchpeer ready line")?;
 
     let mut idle = None;
+    let stats = if prog_stats {
+        let on = aya::sys::enable_stats(aya::sys::Stats::RunTime)
+            .context("enabling eBPF run-time statistics (BPF_ENABLE_STATS)")?;
+        Some((on, prog_ids()?))
+    } else {
+        None
+    };
     let agent = match tracer {
         Tracer::None => None,
         Tracer::Floor => Some(spawn_tokentap(
@@ -406,17 +446,28 @@ fn measure(workload: &[&str], tracer: Tracer) -> Result<Sample> {
             Some(spawn_tokentap(&args, Some(hooks.ready()))?)
         }
     };
+    let at_go = match &stats {
+        Some((_, old)) => prog_totals(old)?,
+        None => (0.0, 0.0),
+    };
     writeln!(stdin, "go")?;
     stdin.flush()?;
     let line = peer
         .rx
         .recv_timeout(Duration::from_secs(120))
         .context("benchpeer gave no result")?;
+    let at_end = match &stats {
+        Some((_, old)) => prog_totals(old)?,
+        None => (0.0, 0.0),
+    };
+    drop(stats);
     let v: Value = serde_json::from_str(&line).with_context(|| format!("bad result {line:?}"))?;
     let mut s = Sample {
         writes: v["writes"].as_f64().unwrap_or(0.0),
         wall_s: v["wall_s"].as_f64().unwrap_or(1.0),
         cpu_s: v["cpu_s"].as_f64().unwrap_or(0.0),
+        prog_ns: at_end.0 - at_go.0,
+        prog_runs: at_end.1 - at_go.1,
         ..Sample::default()
     };
     let _ = peer.child.wait();
@@ -546,6 +597,16 @@ fn capture(secs: f64, rounds: usize) -> Result<Vec<Row>> {
     )?;
     let sys = rounds_of(&["sys", &s], &[Tracer::None, off(Ref), off(Btf)], rounds)?;
     let bulk = rounds_of(&["bulk", &s], &[Tracer::None, off(Btf)], rounds)?;
+    // The programs' own kernel time, from the kernel's run-time statistics:
+    // one run per path, outside the timed rounds (statistics add two clock
+    // reads to every program run).
+    eprintln!("xtask bench: eBPF program run time (BPF_ENABLE_STATS) ...");
+    let stats = |w: &[&str], ts: &[Tracer]| -> Result<Vec<Sample>> {
+        ts.iter().map(|t| measure_with(w, *t, true)).collect()
+    };
+    let prog_tcp = stats(&["tcp", &s], &[on(Ref), on(Tp), on(Btf)])?;
+    let prog_pipe = stats(&["pipe", &s], &[off(Ref), off(Btf)])?;
+    let prog_sys = stats(&["sys", &s], &[off(Ref), off(Btf)])?;
     let mut rows = vec![];
     // "new / reference" for added costs; the target is ≤ 0.5.
     let half = |new: f64, old: f64| {
@@ -661,6 +722,47 @@ fn capture(secs: f64, rounds: usize) -> Result<Vec<Row>> {
         format!("BTF +{:.0} ns", add(a)),
         format!("{:+.0} ns vs the reference", add(a) - add(r)),
         "–",
+    ));
+    // ns of program time and program runs per workload call.
+    let per_call = |x: &Sample| {
+        (
+            x.prog_ns / x.writes.max(1.0),
+            x.prog_runs / x.writes.max(1.0),
+        )
+    };
+    let prog_row = |what: &str, base: &[(&str, &Sample)], btf: &Sample, reference: &Sample| {
+        let (bns, bruns) = per_call(btf);
+        row(
+            format!("{what}: the agent's eBPF programs' own run time per call (kernel run-time statistics, one run each outside the timed rounds; the tracepoint dispatch around the programs is not in it)"),
+            base.iter()
+                .map(|(name, x)| {
+                    let (ns, runs) = per_call(x);
+                    format!("{name} {ns:.0} ns ({runs:.2} program runs)")
+                })
+                .collect::<Vec<_>>()
+                .join("; "),
+            format!("BTF {bns:.0} ns ({bruns:.2} program runs)"),
+            format!("{:.2}× the reference's", bns / per_call(reference).0),
+            "–",
+        )
+    };
+    rows.push(prog_row(
+        "SSE server writes, targeted",
+        &[("reference", &prog_tcp[0]), ("tracepoint", &prog_tcp[1])],
+        &prog_tcp[2],
+        &prog_tcp[0],
+    ));
+    rows.push(prog_row(
+        "pipe write() of a process NOT targeted",
+        &[("reference", &prog_pipe[0])],
+        &prog_pipe[1],
+        &prog_pipe[0],
+    ));
+    rows.push(prog_row(
+        "getppid() of a process NOT targeted",
+        &[("reference", &prog_sys[0])],
+        &prog_sys[1],
+        &prog_sys[0],
     ));
     let (b, a) = (&bulk[0], &bulk[1]);
     let mib = |set: &[Sample]| med(set, Sample::rate) * 65536.0 / (1 << 20) as f64;
