@@ -420,12 +420,13 @@ fn ttft_from_arrival_includes_time_unread_in_the_socket_and_queue_s_is_that_time
         let (t, w) = (now(), now_ns());
         s.write_all(request(2_000_000 + i).as_bytes()).unwrap();
         let ttft = read_responses(&mut s, 1, t)[0];
-        std::thread::sleep(Duration::from_millis(50)); // the truth line
-                                                       // The scripted delay, and the measured wait: the engine's read
-                                                       // (the upper end of its clock bracket) − the write. The engine
-                                                       // wakes from its sleep late by whatever the machine's scheduling
-                                                       // adds (2.2 ms seen in CI after an 80 ms sleep), so the wait, not
-                                                       // the script, is what ttft_s must leave out.
+        // Let the engine write its truth line.
+        std::thread::sleep(Duration::from_millis(50));
+        // The scripted delay, and the measured wait: the engine's read (the
+        // upper end of its clock bracket) − the write. The engine wakes
+        // from its sleep late by whatever the machine's scheduling adds
+        // (2.2 ms seen in CI after an 80 ms sleep), so the wait, not the
+        // script, is what ttft_s must leave out.
         let (q, waited) = read_jsonl(&truth)
             .iter()
             .find(|t| t["id"] == 2_000_000 + i)
