@@ -207,6 +207,16 @@ fn serve_sse(fd: i32, n: usize, gap: Duration) -> String {
     format!("done {{\"read\":{t_read:?},\"writes\":{writes:?},\"t_end\":{t_end}}}")
 }
 
+/// Moves the calling thread to `cpu` (it runs there when this returns).
+fn pin_to(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t with one bit set, for this thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
 fn main() {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
     let lfd = listener.as_raw_fd();
@@ -303,6 +313,23 @@ fn main() {
                 let n: usize = n.parse().expect("N");
                 let gap = Duration::from_millis(gap_ms.parse().expect("GAP_MS"));
                 serve_sse(conn, n, gap)
+            }
+            ["hop", n] => {
+                // N 100-byte writes, each from the next CPU in turn, then
+                // the close from the CPU after the last write's.
+                let n: usize = n.parse().expect("N");
+                // SAFETY: plain sysconf query.
+                let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1) as usize;
+                for i in 0..n {
+                    pin_to(i % cpus);
+                    let msg = format!("{:<99}\n", format!("hop {i}"));
+                    write_all_with(conn, msg.as_bytes(), "write");
+                }
+                pin_to(n % cpus);
+                // SAFETY: closing our own fd.
+                unsafe { libc::close(conn) };
+                conn = -1;
+                format!("done {cpus}")
             }
             ["close"] => {
                 // SAFETY: closing our own fd.
