@@ -523,7 +523,6 @@ fn writes_from_every_cpu_come_before_a_close_from_another_cpu() {
     let agent = Agent::capture_via(Command::new(tokentap_bin()), &["--pid", &pid], &cap_path);
     const CONNS: usize = 30;
     const WRITES: usize = 9;
-    let mut cpus = String::new();
     for _ in 0..CONNS {
         let mut c = TcpStream::connect(("127.0.0.1", a.port)).unwrap();
         accepted_fd(&a.cmd("accept"));
@@ -531,13 +530,29 @@ fn writes_from_every_cpu_come_before_a_close_from_another_cpu() {
         let mut got = Vec::new();
         c.read_to_end(&mut got).unwrap();
         assert_eq!(got.len(), WRITES * 100);
-        cpus = a.line(Duration::from_secs(30));
+        // "done ALLOWED USED CLOSE_ELSEWHERE": with two CPUs or more, the
+        // writes must really have hopped and the close come from another
+        // CPU, or this test proves nothing.
+        let reply = a.line(Duration::from_secs(30));
+        let n: Vec<usize> = reply
+            .split_whitespace()
+            .skip(1)
+            .map(|w| w.parse().expect("number"))
+            .collect();
+        assert_eq!(n.len(), 3, "bad hop reply {reply:?}");
+        if n[0] >= 2 {
+            assert!(
+                n[1] >= 2 && n[2] == 1,
+                "the writes did not hop CPUs: {reply:?}"
+            );
+        } else {
+            eprintln!("one CPU allowed: nothing hops here ({reply:?})");
+        }
     }
     std::thread::sleep(Duration::from_millis(200));
     let cap = agent.stop();
     assert!(cap.exit_ok, "agent failed: {:?}", cap.stderr);
     assert_ready_with(&cap, "data hooks btf; ready");
-    eprintln!("sockpeer saw {cpus:?} CPUs");
 
     // Walk the events in the order the agent handled them.
     let mut open: std::collections::HashMap<i64, Vec<String>> = Default::default();

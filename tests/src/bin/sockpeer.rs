@@ -207,13 +207,29 @@ fn serve_sse(fd: i32, n: usize, gap: Duration) -> String {
     format!("done {{\"read\":{t_read:?},\"writes\":{writes:?},\"t_end\":{t_end}}}")
 }
 
-/// Moves the calling thread to `cpu` (it runs there when this returns).
-fn pin_to(cpu: usize) {
-    // SAFETY: a zeroed cpu_set_t with one bit set, for this thread.
+/// The CPUs this process may run on (at start, before any pinning).
+fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: a zeroed cpu_set_t filled in by the kernel for this thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return vec![];
+        }
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| libc::CPU_ISSET(c, &set))
+            .collect()
+    }
+}
+
+/// Moves the calling thread to `cpu`; returns the CPU it then runs on.
+fn pin_to(cpu: usize) -> i32 {
+    // SAFETY: a zeroed cpu_set_t with one bit set, for this thread;
+    // sched_getcpu has no preconditions.
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
         libc::CPU_SET(cpu, &mut set);
         libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+        libc::sched_getcpu()
     }
 }
 
@@ -225,6 +241,7 @@ fn main() {
     writeln!(out, "port {port}").ok();
     out.flush().ok();
     let mut conn: i32 = -1;
+    let allowed = allowed_cpus();
     for line in std::io::stdin().lock().lines() {
         let Ok(line) = line else { break };
         let words: Vec<&str> = line.split_whitespace().collect();
@@ -315,21 +332,35 @@ fn main() {
                 serve_sse(conn, n, gap)
             }
             ["hop", n] => {
-                // N 100-byte writes, each from the next CPU in turn, then
-                // the close from the CPU after the last write's.
+                // N 100-byte writes, each from the next allowed CPU in
+                // turn, then the close from the CPU after the last write's.
+                // Reply: the allowed CPUs, the distinct CPUs the writes ran
+                // on, and whether the close ran on another CPU than the
+                // last write.
                 let n: usize = n.parse().expect("N");
-                // SAFETY: plain sysconf query.
-                let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1) as usize;
+                let cpus = if allowed.is_empty() {
+                    vec![0]
+                } else {
+                    allowed.clone()
+                };
+                let mut used = std::collections::BTreeSet::new();
+                let mut last = -1;
                 for i in 0..n {
-                    pin_to(i % cpus);
+                    last = pin_to(cpus[i % cpus.len()]);
+                    used.insert(last);
                     let msg = format!("{:<99}\n", format!("hop {i}"));
                     write_all_with(conn, msg.as_bytes(), "write");
                 }
-                pin_to(n % cpus);
+                let at_close = pin_to(cpus[n % cpus.len()]);
                 // SAFETY: closing our own fd.
                 unsafe { libc::close(conn) };
                 conn = -1;
-                format!("done {cpus}")
+                format!(
+                    "done {} {} {}",
+                    allowed.len(),
+                    used.len(),
+                    u8::from(at_close != last)
+                )
             }
             ["close"] => {
                 // SAFETY: closing our own fd.
