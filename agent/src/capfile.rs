@@ -33,6 +33,9 @@ enum Line {
         local: Option<String>,
         #[serde(default)]
         peer: Option<String>,
+        /// Found already open (absent: seen accepted or connected).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        joined: bool,
     },
     Data {
         ts_ns: u64,
@@ -87,6 +90,7 @@ pub fn to_line(ev: &SocketEvent) -> String {
             },
             local: e.local.map(|a| a.to_string()),
             peer: e.peer.map(|a| a.to_string()),
+            joined: e.joined,
         },
         SocketEvent::Data(e) => Line::Data {
             ts_ns: e.ts_ns,
@@ -139,6 +143,7 @@ pub fn from_line(text: &str) -> Result<SocketEvent> {
             role,
             local,
             peer,
+            joined,
         } => SocketEvent::Open(OpenEvent {
             ts_ns,
             pid,
@@ -149,6 +154,7 @@ pub fn from_line(text: &str) -> Result<SocketEvent> {
             },
             local: addr(local)?,
             peer: addr(peer)?,
+            joined,
         }),
         Line::Data {
             ts_ns,
@@ -310,6 +316,7 @@ mod tests {
                 role: Role::Server,
                 local: Some("127.0.0.1:8000".parse().unwrap()),
                 peer: Some("[::1]:40000".parse().unwrap()),
+                joined: true,
             }),
             SocketEvent::Data(DataEvent {
                 ts_ns: 2,

@@ -34,6 +34,10 @@ pub struct OpenEvent {
     pub role: Role,
     pub local: Option<SocketAddr>,
     pub peer: Option<SocketAddr>,
+    /// Found already open (at start-up, or when its process became a
+    /// target), not seen accepted or connected: it may be mid-request or
+    /// mid-response, so decoding starts at its next request.
+    pub joined: bool,
 }
 
 /// One read- or write-family syscall on a tracked connection.

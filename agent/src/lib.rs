@@ -17,6 +17,7 @@ pub mod gpu;
 pub mod identity;
 pub mod kubemeta;
 pub mod metrics;
+pub mod otlp;
 pub mod pipeline;
 pub mod record;
 pub mod selftraffic;

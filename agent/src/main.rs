@@ -9,8 +9,11 @@ use tokentap::{
     capture::Capture,
     event::SocketEvent,
     pipeline::{
-        plan::{merge_config_file, resolve, run_option_names, KernelFlags, ProcessEnv, RunFlags},
-        run::{deadline, shutdown_signal},
+        plan::{
+            merge_config_file, resolve, run_option_names, tenant_header_names, KernelFlags,
+            ProcessEnv, RunFlags,
+        },
+        run::{deadline, shutdown_signal, ReplayPlan},
     },
     source::EventSource,
 };
@@ -24,8 +27,10 @@ match this agent's, or it is refused). RUST_LOG=info|debug for diagnostics.";
 /// rate) from the kernel: eBPF programs timestamp an engine's socket reads
 /// and writes, so nothing in the engine changes.
 ///
-/// Capturing needs root (or CAP_BPF, CAP_PERFMON and CAP_SYS_ADMIN to mount
-/// tracefs). Replaying a capture file needs nothing.
+/// Capturing (`run`, `capture`) needs root, or CAP_BPF + CAP_PERFMON +
+/// CAP_SYS_PTRACE + CAP_DAC_READ_SEARCH (+ CAP_SYS_ADMIN only where tracefs
+/// is not mounted); docs/deploy.md, "Privileges". Replaying a capture file
+/// needs nothing.
 #[derive(Parser)]
 #[command(
     name = "tokentap",
@@ -97,11 +102,11 @@ enum Cmd {
 #[derive(Args)]
 struct CaptureArgs {
     /// Capture this process (repeatable).
-    #[arg(long = "pid", value_name = "PID")]
+    #[arg(long = "pid", value_name = "PID", value_parser = clap::value_parser!(u32).range(1..))]
     pids: Vec<u32>,
     /// Only server connections on this local port (repeatable). Without
     /// --pid, captures every process listening on it.
-    #[arg(long = "port", value_name = "PORT")]
+    #[arg(long = "port", value_name = "PORT", value_parser = clap::value_parser!(u16).range(1..))]
     ports: Vec<u16>,
     /// Capture file to write ("-" for stdout).
     #[arg(long, value_name = "FILE")]
@@ -125,14 +130,38 @@ struct ReplayArgs {
     /// request ("-" for stdout). Keys: see docs/metrics.md.
     #[arg(long, value_name = "PATH")]
     requests_log: Option<PathBuf>,
-    /// Run the timeline detectors (default thresholds) on the decoded
-    /// requests and write their events as JSON Lines ("-" for stdout).
+    /// Also write requests that are not LLM requests (probes, scrapes,
+    /// unknown paths) with `operation: null`, as `run` does.
+    #[arg(long)]
+    log_all_requests: bool,
+    /// Run the timeline detectors on the decoded requests and write their
+    /// events as JSON Lines ("-" for stdout).
     #[arg(long, value_name = "PATH")]
     events_log: Option<PathBuf>,
+    /// Take the request's tenant from this header (repeatable; as `run`).
+    #[arg(long = "tenant-header", value_name = "NAME")]
+    tenant_headers: Vec<String>,
+    /// Key for `api_key_id`: the bytes of this file (give the live agent's
+    /// to get the ids it exported). Without it `api_key_id` stays empty: a
+    /// replay neither reads nor makes the node's install key.
+    #[arg(long, value_name = "PATH")]
+    api_key_salt_file: Option<PathBuf>,
+    /// The agent's config file: its `[[request_type]]` rules and `[events]`
+    /// thresholds apply, as they did live (its other keys are ignored).
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    // rustls-platform-verifier logs each refused certificate at ERROR; the
+    // export failure line already says why (metrics::ExplainingClient).
+    env_logger::Builder::from_env(
+        env_logger::Env::default().default_filter_or("warn,rustls_platform_verifier=off"),
+    )
+    .init();
+    // TLS (an https:// collector, the Kubernetes API) is rustls with ring
+    // throughout; clients that do not name a provider take this one.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let args: Vec<String> = std::env::args().collect();
     let args = match merge_config_file(&args, &run_option_names()) {
         Ok(a) => a,
@@ -160,15 +189,21 @@ fn main() -> ExitCode {
                 Err(e) => Err(e),
             },
             Cmd::Capture(a) => capture(a).await,
-            Cmd::Replay(a) => {
-                tokentap::pipeline::run::replay(
-                    &a.file,
-                    a.events.as_deref(),
-                    a.requests_log.as_deref(),
-                    a.events_log.as_deref(),
-                )
-                .await
-            }
+            Cmd::Replay(a) => match tenant_header_names(&a.tenant_headers) {
+                Ok(tenant_headers) => {
+                    let plan = ReplayPlan {
+                        events: a.events,
+                        requests_log: a.requests_log,
+                        log_all_requests: a.log_all_requests,
+                        events_log: a.events_log,
+                        tenant_headers,
+                        api_key_salt_file: a.api_key_salt_file,
+                        config: a.config,
+                    };
+                    tokentap::pipeline::run::replay(&a.file, &plan).await
+                }
+                Err(e) => Err(e),
+            },
             Cmd::Floor { duration } => floor(duration).await,
             Cmd::GpuCheck {
                 secs,
@@ -199,6 +234,8 @@ async fn capture(a: CaptureArgs) -> Result<()> {
         );
     }
     let opts = a.kernel.options(&a.pids, &a.ports);
+    // Attach first: a capture that cannot start leaves no empty file.
+    let mut cap = Capture::start(&opts)?;
     let mut writer = Writer::create(&a.out)?;
     if a.out.as_os_str() != "-" {
         eprintln!(
@@ -206,7 +243,6 @@ async fn capture(a: CaptureArgs) -> Result<()> {
             a.out.display()
         );
     }
-    let mut cap = Capture::start(&opts)?;
     let mut batch: Vec<SocketEvent> = Vec::new();
     cap.seed(&mut batch);
     eprintln!(

@@ -17,12 +17,11 @@ use std::{
     time::Duration,
 };
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use opentelemetry::{
     metrics::{Counter, Histogram, MeterProvider as _},
     KeyValue,
 };
-use opentelemetry_otlp::{Protocol, WithExportConfig};
 use opentelemetry_sdk::{
     error::OTelSdkResult,
     metrics::{
@@ -34,7 +33,7 @@ use opentelemetry_sdk::{
 
 use crate::{
     pipeline::{health::Health, Sink, Tick},
-    record::{Finished, RequestRecord},
+    record::{Finished, RequestRecord, RouteClass},
 };
 
 /// GenAI semantic conventions' explicit bucket boundaries.
@@ -75,6 +74,12 @@ impl std::str::FromStr for OtlpProtocol {
 pub struct MetricsConfig {
     /// Collector endpoint; None: from OTEL_EXPORTER_OTLP_ENDPOINT.
     pub endpoint: Option<String>,
+    /// Extra CA certificates (PEM) for an https:// collector
+    /// (`--otlp-ca-file`; else `OTEL_EXPORTER_OTLP_[SIGNAL_]CERTIFICATE`).
+    pub ca_file: Option<std::path::PathBuf>,
+    /// `--otlp-header K=V` values, as given (over the environment's
+    /// `OTEL_EXPORTER_OTLP_[SIGNAL_]HEADERS`).
+    pub headers: Vec<String>,
     pub protocol: OtlpProtocol,
     pub interval: Duration,
     /// Base-2 exponential histograms instead of the explicit buckets.
@@ -105,6 +110,8 @@ struct Counted<E> {
     health: Arc<Health>,
     failing: AtomicBool,
     target: String,
+    /// The HTTP client's last failure (OTLP/HTTP only).
+    cause: Option<crate::otlp::LastCause>,
 }
 
 impl<E: PushMetricExporter> PushMetricExporter for Counted<E> {
@@ -120,8 +127,9 @@ impl<E: PushMetricExporter> PushMetricExporter for Counted<E> {
                 self.health.export_failures.fetch_add(1, Ordering::Relaxed);
                 self.failing.store(true, Ordering::Relaxed);
                 eprintln!(
-                    "tokentap: OTLP export to {} failed ({e}); capture goes on, the next interval retries",
-                    self.target
+                    "tokentap: OTLP export to {} failed ({}); capture goes on, the next interval retries",
+                    self.target,
+                    crate::otlp::failure_text(e, self.cause.as_ref())
                 );
             }
         }
@@ -150,6 +158,8 @@ struct RequestInstruments {
     queue: Histogram<f64>,
     tokens: Histogram<u64>,
     requests: Counter<u64>,
+    /// `tokentap.http.requests`: requests that are not LLM requests.
+    http: Counter<u64>,
 }
 
 impl RequestInstruments {
@@ -203,6 +213,13 @@ impl RequestInstruments {
             .with_unit("{request}")
             .with_description("Finished requests, failures included (error.type)")
             .build();
+        let http = meter
+            .u64_counter("tokentap.http.requests")
+            .with_unit("{request}")
+            .with_description(
+                "Requests on an engine's port that are not LLM requests (probes, scrapes, model listings, other paths), by tokentap.http.route_class",
+            )
+            .build();
         Self {
             ttft,
             tpot,
@@ -211,6 +228,7 @@ impl RequestInstruments {
             queue,
             tokens,
             requests,
+            http,
         }
     }
 
@@ -253,6 +271,9 @@ pub const MAX_CONTAINER_RESOURCES: usize = 64;
 /// engines outside containers use the agent's resource.
 pub struct Metrics {
     cfg: MetricsConfig,
+    /// The metrics exporter's resolved settings (each container's provider
+    /// gets an exporter of its own built from them).
+    collector: crate::otlp::Collector,
     health: Arc<Health>,
     provider: SdkMeterProvider,
     requests: RequestInstruments,
@@ -438,10 +459,82 @@ impl AttributeMap {
     }
 }
 
-fn hostname() -> String {
+/// `http.request.method` as the conventions bound it: the known methods,
+/// else `_OTHER`.
+fn http_method(m: &str) -> &'static str {
+    const KNOWN: [&str; 9] = [
+        "GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH", "CONNECT", "TRACE",
+    ];
+    KNOWN
+        .into_iter()
+        .find(|k| k.eq_ignore_ascii_case(m))
+        .unwrap_or("_OTHER")
+}
+
+/// `host.name`: the node the agent runs on, never its own container's or
+/// pod's name (a DaemonSet pod's UTS hostname is the pod's name, new at
+/// every rollout). In order: `NODE_NAME` (the downward API's
+/// `spec.nodeName`); the host's UTS name when the agent sees the host's
+/// processes (`hostPID`) but has a UTS namespace of its own; else its own
+/// hostname (a plain binary on a host). Worked out once.
+pub fn node_name() -> String {
+    static NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    NAME.get_or_init(|| {
+        node_name_from(std::env::var("NODE_NAME").ok(), host_uts_name, own_hostname)
+    })
+    .clone()
+}
+
+/// [`node_name`]'s rule, its sources as arguments (a seam for tests).
+fn node_name_from(
+    node_env: Option<String>,
+    host: impl FnOnce() -> Option<String>,
+    own: impl FnOnce() -> String,
+) -> String {
+    node_env
+        .map(|n| n.trim().to_string())
+        .filter(|n| !n.is_empty())
+        .or_else(host)
+        .unwrap_or_else(own)
+}
+
+fn own_hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_string())
         .unwrap_or_default()
+}
+
+/// The hostname of pid 1's UTS namespace when it is not the agent's own
+/// (the agent in a container of a `hostPID` pod: pid 1 is the node's
+/// init). A thread of its own enters that namespace (needs CAP_SYS_ADMIN)
+/// and asks; without the right, the node's `/etc/hostname` through
+/// `/proc/1/root` (CAP_SYS_PTRACE). None when the namespace is the agent's
+/// own, or neither works.
+fn host_uts_name() -> Option<String> {
+    let own = std::fs::read_link("/proc/self/ns/uts").ok()?;
+    let init = std::fs::read_link("/proc/1/ns/uts").ok()?;
+    if own == init {
+        return None;
+    }
+    let entered = std::thread::spawn(|| -> Option<String> {
+        use std::os::fd::AsRawFd;
+        let ns = std::fs::File::open("/proc/1/ns/uts").ok()?;
+        // SAFETY: setns on this short-lived thread only (a UTS namespace
+        // is per thread); the fd is valid for the call.
+        if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWUTS) } != 0 {
+            return None;
+        }
+        Some(own_hostname()).filter(|n| !n.is_empty())
+    })
+    .join()
+    .ok()
+    .flatten();
+    entered.or_else(|| {
+        std::fs::read_to_string("/proc/1/root/etc/hostname")
+            .ok()
+            .map(|s| s.trim().to_string())
+            .filter(|n| !n.is_empty())
+    })
 }
 
 /// A meter provider exporting to the configured collector, with the
@@ -450,40 +543,17 @@ fn hostname() -> String {
 /// gives one resource per provider.
 fn build_provider(
     cfg: &MetricsConfig,
+    collector: &crate::otlp::Collector,
     health: &Arc<Health>,
     extra: &[KeyValue],
 ) -> Result<SdkMeterProvider> {
-    let target = cfg
-        .endpoint
-        .clone()
-        .or_else(|| std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").ok())
-        .unwrap_or_else(|| "the default OTLP endpoint".into());
-    let exporter = match cfg.protocol {
-        OtlpProtocol::Grpc => {
-            let mut b = opentelemetry_otlp::MetricExporter::builder()
-                .with_tonic()
-                .with_timeout(Duration::from_secs(5));
-            if let Some(e) = &cfg.endpoint {
-                b = b.with_endpoint(e.clone());
-            }
-            b.build().context("building the OTLP/gRPC exporter")?
-        }
-        OtlpProtocol::HttpProtobuf => {
-            let mut b = opentelemetry_otlp::MetricExporter::builder()
-                .with_http()
-                .with_protocol(Protocol::HttpBinary)
-                .with_timeout(Duration::from_secs(5));
-            if let Some(e) = &cfg.endpoint {
-                b = b.with_endpoint(http_url(e));
-            }
-            b.build().context("building the OTLP/HTTP exporter")?
-        }
-    };
+    let (exporter, cause) = collector.metric_exporter()?;
     let counted = Counted {
         inner: exporter,
         health: health.clone(),
         failing: AtomicBool::new(false),
-        target,
+        target: collector.target(),
+        cause,
     };
     let reader = PeriodicReader::builder(counted)
         .with_interval(cfg.interval)
@@ -520,22 +590,12 @@ pub(crate) fn agent_resource(extra: &[KeyValue]) -> Resource {
     if !named {
         res = res.with_service_name("tokentap");
     }
-    let mut attrs = vec![KeyValue::new("host.name", hostname())];
+    let mut attrs = vec![KeyValue::new("host.name", node_name())];
     attrs.extend_from_slice(extra);
     if let Ok(node) = std::env::var("NODE_NAME") {
         attrs.push(KeyValue::new("k8s.node.name", node));
     }
     res.with_attributes(attrs).build()
-}
-
-/// The HTTP exporter wants the full URL; accept a bare collector address.
-fn http_url(endpoint: &str) -> String {
-    let e = endpoint.trim_end_matches('/');
-    if e.ends_with("/v1/metrics") {
-        e.to_string()
-    } else {
-        format!("{e}/v1/metrics")
-    }
 }
 
 impl Metrics {
@@ -546,7 +606,9 @@ impl Metrics {
                 bail!("--otlp-endpoint must be an http:// or https:// URL, got {e:?}");
             }
         }
-        let provider = build_provider(cfg, &health, &[])?;
+        let env = |k: &str| std::env::var(k).ok();
+        let collector = crate::otlp::Collector::resolve(cfg, crate::otlp::Signal::Metrics, &env)?;
+        let provider = build_provider(cfg, &collector, &health, &[])?;
         let meter = provider.meter("tokentap");
         let requests = RequestInstruments::new(&meter);
         let hl = health.clone();
@@ -581,8 +643,20 @@ impl Metrics {
         let _ = obs_u64(
             "tokentap.decode.unsupported_protocol",
             "{connection}",
-            "Connections speaking a protocol the decoder does not follow (HTTP/2, protocol upgrades)",
+            "Connections speaking a protocol the decoder does not follow (HTTP/2, TLS, protocol upgrades)",
             |h| h.unsupported_protocol.load(Ordering::Relaxed),
+        );
+        let _ = obs_u64(
+            "tokentap.decode.tls",
+            "{connection}",
+            "Connections carrying TLS (ciphertext, not decoded): served ones also count in tokentap.decode.unsupported_protocol, an engine's own outgoing HTTPS only here",
+            |h| h.tls.load(Ordering::Relaxed),
+        );
+        let _ = obs_u64(
+            "tokentap.decode.joined_mid_stream",
+            "{connection}",
+            "Connections found already open (agent start, a new engine): decoded from their next request on, what was in flight on them not recorded",
+            |h| h.joined.load(Ordering::Relaxed),
         );
         let _ = obs_u64(
             "tokentap.metrics.attribute_overflow",
@@ -595,6 +669,12 @@ impl Metrics {
             "{request}",
             "Requests the agent made itself (engine /metrics scrapes), not recorded as LLM requests",
             |h| h.self_requests.load(Ordering::Relaxed),
+        );
+        let _ = obs_u64(
+            "tokentap.events.folded",
+            "{event}",
+            "Timeline events over the ceiling ([events] max_events_per_minute), folded into one events.folded per minute",
+            |h| h.events_folded.load(Ordering::Relaxed),
         );
         let _ = obs_u64(
             "tokentap.engine.scrape.failures",
@@ -638,7 +718,8 @@ impl Metrics {
                 "Timeline events (engine, model version, caller, token drift, GPU) by kind",
             )
             .build();
-        let event_export = crate::timeline::otlp::EventExport::new(cfg, health.clone())?;
+        let logs = crate::otlp::Collector::resolve(cfg, crate::otlp::Signal::Logs, &env)?;
+        let event_export = crate::timeline::otlp::EventExport::new(&logs, health.clone())?;
         Ok(Self {
             events,
             event_export,
@@ -649,6 +730,7 @@ impl Metrics {
             containers: HashMap::new(),
             attrs: AttributeMap::new(cfg.max_models, cfg.max_tenants, health.clone()),
             cfg: cfg.clone(),
+            collector,
             health,
         })
     }
@@ -667,9 +749,43 @@ impl Metrics {
             );
         }
         let attrs = self.attrs.of(r);
+        self.instruments_for(r).record(f, &attrs);
+    }
+
+    /// A request that is not an LLM request: `tokentap.http.requests` with
+    /// the engine's identity, the method, the status and the route class —
+    /// no model, tenant or caller (those are LLM request attributes, capped
+    /// by LLM traffic alone).
+    pub fn other_request(&mut self, f: &Finished, class: RouteClass) {
+        let r = &f.record;
+        let mut attrs = vec![
+            KeyValue::new(
+                "gen_ai.provider.name",
+                r.provider.clone().unwrap_or_else(|| UNKNOWN.to_string()),
+            ),
+            KeyValue::new("http.request.method", http_method(&r.method)),
+            KeyValue::new("tokentap.http.route_class", class.as_str()),
+        ];
+        if let Some(s) = r.status {
+            attrs.push(KeyValue::new("http.response.status_code", s as i64));
+        }
+        if let Some(p) = r.server_port {
+            attrs.push(KeyValue::new("server.port", p as i64));
+        }
+        if let Some(v) = r.model_version.as_deref() {
+            attrs.push(KeyValue::new(
+                "tokentap.model.version",
+                self.attrs.capped(CapKey::ModelVersion, Some(v)),
+            ));
+        }
+        self.instruments_for(r).http.add(1, &attrs);
+    }
+
+    /// The instruments of the record's engine container (its own
+    /// resource, made on its first request), else the agent's.
+    fn instruments_for(&mut self, r: &RequestRecord) -> &RequestInstruments {
         let Some(id) = &r.container_id else {
-            self.requests.record(f, &attrs);
-            return;
+            return &self.requests;
         };
         if !self.containers.contains_key(id) && self.containers.len() < MAX_CONTAINER_RESOURCES {
             let mut extra = vec![KeyValue::new("container.id", id.clone())];
@@ -684,7 +800,7 @@ impl Metrics {
             if let Some(n) = &r.k8s_namespace {
                 extra.push(KeyValue::new("k8s.namespace.name", n.clone()));
             }
-            match build_provider(&self.cfg, &self.health, &extra) {
+            match build_provider(&self.cfg, &self.collector, &self.health, &extra) {
                 Ok(p) => {
                     let ri = RequestInstruments::new(&p.meter("tokentap"));
                     self.containers.insert(id.clone(), (p, ri));
@@ -695,12 +811,12 @@ impl Metrics {
             }
         }
         match self.containers.get(id) {
-            Some((_, ri)) => ri.record(f, &attrs),
+            Some((_, ri)) => ri,
             None => {
                 self.health
                     .attribute_overflow
                     .fetch_add(1, Ordering::Relaxed);
-                self.requests.record(f, &attrs)
+                &self.requests
             }
         }
     }
@@ -797,6 +913,11 @@ fn register_engine_states(
 impl Sink for Metrics {
     fn record(&mut self, f: &Finished) -> Result<()> {
         Metrics::record(self, f);
+        Ok(())
+    }
+
+    fn other_request(&mut self, f: &Finished, class: RouteClass) -> Result<()> {
+        Metrics::other_request(self, f, class);
         Ok(())
     }
 
@@ -946,6 +1067,17 @@ mod tests {
     }
 
     #[test]
+    fn the_node_name_is_node_name_then_the_hosts_uts_name_then_the_own_hostname() {
+        let host = || Some("node-7".to_string());
+        let none = || None;
+        let own = || "pod-abc".to_string();
+        assert_eq!(node_name_from(Some("node-1".into()), host, own), "node-1");
+        assert_eq!(node_name_from(Some("  ".into()), host, own), "node-7");
+        assert_eq!(node_name_from(None, host, own), "node-7");
+        assert_eq!(node_name_from(None, none, own), "pod-abc");
+    }
+
+    #[test]
     fn bucket_lists_are_sorted_and_protocols_parse() {
         for b in [
             &TTFT_BUCKETS[..],
@@ -961,10 +1093,5 @@ mod tests {
             Ok(OtlpProtocol::HttpProtobuf)
         );
         assert!("udp".parse::<OtlpProtocol>().is_err());
-        assert_eq!(http_url("http://c:4318"), "http://c:4318/v1/metrics");
-        assert_eq!(
-            http_url("http://c:4318/v1/metrics"),
-            "http://c:4318/v1/metrics"
-        );
     }
 }

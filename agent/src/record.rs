@@ -127,6 +127,76 @@ pub struct Finished {
     pub prompt_fp: Option<u64>,
 }
 
+/// What a request that is not an LLM request was, for
+/// `tokentap.http.requests` (`tokentap.http.route_class`): a bounded set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RouteClass {
+    /// Liveness/readiness probes: `/health`, `/healthz`, `/ready`,
+    /// `/readyz`, `/livez`, `/ping`, `/v2/health/*` (Triton),
+    /// `/api/health`.
+    Health,
+    /// Prometheus scrapes: `/metrics`.
+    Metrics,
+    /// Model listings: `/v1/models[/*]`, `/models`, `/api/tags` (Ollama),
+    /// `/v2/models/*` metadata (Triton).
+    Models,
+    /// Everything else: `/version`, `/tokenize`, admin endpoints, an unknown
+    /// path, a failed route (404/405 on an LLM path: a misrouted client).
+    Other,
+}
+
+impl RouteClass {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RouteClass::Health => "health",
+            RouteClass::Metrics => "metrics",
+            RouteClass::Models => "models",
+            RouteClass::Other => "other",
+        }
+    }
+
+    /// The class of a request path (query and trailing `/` ignored).
+    pub fn of_path(path: &str) -> RouteClass {
+        let p = path.split(['?', '#']).next().unwrap_or("");
+        let p = p.trim_end_matches('/');
+        match p {
+            "/health" | "/healthz" | "/ready" | "/readyz" | "/livez" | "/live" | "/ping"
+            | "/api/health" | "/v1/health" => RouteClass::Health,
+            _ if p.starts_with("/v2/health/") => RouteClass::Health,
+            "/metrics" => RouteClass::Metrics,
+            "/v1/models" | "/models" | "/api/tags" | "/v2/models" => RouteClass::Models,
+            _ if p.starts_with("/v1/models/") || p.starts_with("/v2/models/") => RouteClass::Models,
+            _ => RouteClass::Other,
+        }
+    }
+}
+
+impl Finished {
+    /// None for an LLM request; else the route class it is counted under.
+    ///
+    /// An LLM request is a `POST` whose operation the decoder recognised
+    /// (chat, completion, responses, embeddings, generate) and whose route
+    /// exists (not 404/405). Everything else on an engine's port — probes,
+    /// scrapes, model listings, `/version`, `/tokenize`, unknown paths, a
+    /// 404 on `/v1/chat/completions` — is not: counted in
+    /// `tokentap.http.requests` by route class, kept out of every LLM
+    /// instrument, caller state and timeline event.
+    pub fn non_llm_route(&self) -> Option<RouteClass> {
+        let r = &self.record;
+        let llm = r.operation.is_some()
+            && r.method.eq_ignore_ascii_case("POST")
+            && !matches!(r.status, Some(404 | 405));
+        if llm {
+            return None;
+        }
+        Some(match RouteClass::of_path(&r.path) {
+            // A POST on a listing path is no listing.
+            RouteClass::Models if !r.method.eq_ignore_ascii_case("GET") => RouteClass::Other,
+            c => c,
+        })
+    }
+}
+
 /// A request still in flight, as the GPU join sees it at a sample.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct InFlight {
@@ -149,6 +219,9 @@ impl std::ops::Deref for Finished {
 pub struct RequestLog {
     out: std::io::BufWriter<Box<dyn std::io::Write + Send>>,
     pub records: u64,
+    /// Also write requests that are not LLM requests (`--log-all-requests`),
+    /// with `operation: null`.
+    all: bool,
 }
 
 impl RequestLog {
@@ -157,7 +230,14 @@ impl RequestLog {
         Ok(Self {
             out: std::io::BufWriter::new(append_or_stdout(path, "request log")?),
             records: 0,
+            all: false,
         })
+    }
+
+    /// Writes every request, LLM or not (`--log-all-requests`).
+    pub fn all_requests(mut self, all: bool) -> Self {
+        self.all = all;
+        self
     }
 
     pub fn write(&mut self, r: &RequestRecord) -> anyhow::Result<()> {
@@ -178,6 +258,19 @@ impl RequestLog {
 impl crate::pipeline::Sink for RequestLog {
     fn record(&mut self, f: &Finished) -> anyhow::Result<()> {
         self.write(&f.record)
+    }
+
+    fn other_request(&mut self, f: &Finished, _: RouteClass) -> anyhow::Result<()> {
+        if !self.all {
+            return Ok(());
+        }
+        // `operation: null` marks it as no LLM request (a 404 on a chat
+        // path had one by its path).
+        let r = RequestRecord {
+            operation: None,
+            ..f.record.clone()
+        };
+        self.write(&r)
     }
 
     fn tick(&mut self, _: &crate::pipeline::Tick<'_>) -> anyhow::Result<()> {

@@ -121,6 +121,7 @@ fn build(specs: &[Spec]) -> Built {
         role: Role::Server,
         local: Some("127.0.0.1:8000".parse().unwrap()),
         peer: Some("127.0.0.1:40000".parse().unwrap()),
+        joined: false,
     })];
     let mut truth = vec![];
     let mut t = T0 + 1_000;
@@ -383,19 +384,31 @@ fn a_one_mebibyte_header_line_is_refused_with_bounded_memory() {
 
 #[test]
 fn a_response_without_a_request_yields_nothing() {
-    let mut d = Decoder::new();
-    let mut out = vec![];
-    d.on_event(
-        &data(
+    let response = || {
+        data(
             T0,
             Dir::Out,
             b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nhi".to_vec(),
-        ),
-        &mut out,
-    );
+        )
+    };
+    // On a connection seen accepted: an orphan response.
+    let mut d = Decoder::new();
+    let mut out = vec![];
+    d.on_event(&build(&[]).events[0], &mut out);
+    d.on_event(&response(), &mut out);
     d.finish(&mut out);
     assert!(out.is_empty());
     assert_eq!(d.stats.orphan_responses, 1);
+    // On one known only by its data (open before the agent): joined
+    // mid-way, skipped up to its next request, no error of any kind.
+    let mut d = Decoder::new();
+    d.on_event(&response(), &mut out);
+    d.finish(&mut out);
+    assert!(out.is_empty());
+    assert_eq!(
+        (d.stats.orphan_responses, d.stats.desyncs, d.stats.joined),
+        (0, 0, 1)
+    );
 }
 
 #[test]

@@ -69,14 +69,19 @@ INSTRUMENTS: dict[str, tuple[str, str]] = {
     "tokentap.server.queue_time": ("histogram", "s"),
     "gen_ai.server.token.usage": ("histogram", "{token}"),
     "tokentap.requests": ("counter", "{request}"),
+    # agent/src/metrics.rs: requests that are not LLM requests, by route class
+    "tokentap.http.requests": ("counter", "{request}"),
     # agent/src/metrics.rs: timeline events (agent/src/timeline/), one per
     # event, by kind
     "tokentap.events": ("counter", "{event}"),
+    "tokentap.events.folded": ("counter", "{event}"),
     # agent/src/metrics.rs: the agent's health
     "tokentap.capture.events": ("counter", "{event}"),
     "tokentap.capture.dropped": ("counter", "{record}"),
     "tokentap.decode.errors": ("counter", "{error}"),
     "tokentap.decode.unsupported_protocol": ("counter", "{connection}"),
+    "tokentap.decode.joined_mid_stream": ("counter", "{connection}"),
+    "tokentap.decode.tls": ("counter", "{connection}"),
     "tokentap.metrics.attribute_overflow": ("counter", "{value}"),
     "tokentap.self_requests": ("counter", "{request}"),
     "tokentap.engine.scrape.failures": ("counter", "{scrape}"),
@@ -179,7 +184,7 @@ LABEL_VALUES = {
                             "model_version.rollout", "model_version.rollback", "caller.new",
                             "caller.surge", "caller.error_burst", "caller.retry_storm",
                             "tokens.drift", "gpu.throttle.start", "gpu.throttle.stop",
-                            "gpu.memory.high"},
+                            "gpu.memory.high", "events.folded"},
 }
 # Where one series' label has values of its own instead: the events
 # counter's error_type is a caller.error_burst's kind (timeline/callers.rs

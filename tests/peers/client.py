@@ -15,26 +15,47 @@ each request (t_send, just before the send), and every read with the
 kernel's receive timestamp of the data it returned (SO_TIMESTAMPNS, the
 arrival of the newest segment read), so a client busy parsing the previous
 event does not delay the next one's time; an event the SDK yields carries
-the time of the read that delivered its bytes. Reads are at most 64 bytes:
-when a burst of events has queued up, one large read would stamp them all
-with the last one's arrival, a small read spans at most the start of the
-next event. Load generators such as AIPerf take their time when their
-reader gets the bytes, which equals this when the client keeps up.
+the time of the read that delivered its bytes. A read never goes past the
+first line end among the bytes waiting (it peeks, then takes up to and
+including that newline, at most 64 bytes): when a client that fell behind
+finds several events queued, a read that ran on into the next event would
+carry that event's arrival, later by up to a token gap (CI saw +6 ms).
+Ending each read at a line end, the read that completes an event (its
+blank line) holds no byte of a later write. That is not enough alone: the
+kernel appends a segment that arrives while earlier data still waits
+unread to that data's buffer (TCP receive coalescing) and gives the whole
+buffer the newest arrival time. So after the first content event the
+client checks, right after each read that ends a line, whether the
+bytes that follow it share its buffer (`stamp_is_own`); when they do, or
+when that cannot be told (no stamp, or a segment arrived while it
+looked), the event's arrival is unknown (only bounded by the stamp) and
+the request says `first_rx_own: false` — the fidelity test compares TTFT
+only where the client's own clock is exact, and bounds how often it is
+not. The kernel stamps received segments only while some socket asks for
+stamps (and turns that on a moment later), so the client holds one such
+socket open from its start and waits until stamps arrive. Load generators such as AIPerf take their
+time when their reader gets the bytes, which equals this when the client
+keeps up.
 
   ttft_s      first content-bearing chunk's read − t_send (streams)
   tpot_s      (last − first content chunk) / (N − 1), N = usage completion
               tokens when the server reported them, else content chunks
               (tokentap's definition, so the two are comparable)
   duration_s  last read of the response − t_send
+  first_rx_own  false when the first content event's receive timestamp
+              is a later segment's (see above): ttft_s is then an upper
+              bound, not the event's arrival
   ttft_sdk_s  first content chunk as the SDK hands it over (after its SSE
               and JSON parsing and model construction) − t_send: what an
               application timing around the SDK would see
 """
 import argparse
+import fcntl
 import json
 import socket
 import struct
 import sys
+import termios
 import threading
 import time
 
@@ -47,6 +68,83 @@ _local = threading.local()
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
 # Largest read (see the module doc: keeps per-event arrival times in bursts).
 READ_BYTES = 64
+
+
+def _waiting(sock):
+    """Bytes in the socket's receive queue (FIONREAD)."""
+    return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0]
+
+
+def read_to_line_end(sock, max_bytes):
+    """Receives what is waiting up to and including its first newline (at
+    most `max_bytes`). Returns (data, the kernel's receive timestamp of the
+    newest segment those bytes came from or None, own): `own` says whether
+    that stamp is the arrival of the read's own last byte (`stamp_is_own`);
+    None when the read does not end a line (it cannot complete an event)."""
+    peeked = sock.recv(max_bytes, socket.MSG_PEEK)
+    if not peeked:
+        return b"", None, None
+    end = peeked.find(b"\n")
+    n = end + 1 if end >= 0 else len(peeked)
+    before = _waiting(sock)
+    data, ts = _recv_stamped(sock, n, 0)
+    own = stamp_is_own(sock, ts, before - len(data)) if data.endswith(b"\n") else None
+    return data, ts, own
+
+
+def _recv_stamped(sock, n, flags):
+    data, anc, _flags, _addr = sock.recvmsg(n, 64, flags)
+    ts = None
+    for level, kind, payload in anc:
+        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
+            sec, nsec = struct.unpack("qq", payload[:16])
+            ts = sec * 1_000_000_000 + nsec
+    return data, ts
+
+
+def stamp_is_own(sock, ts, left):
+    """Asked right after a read stamped `ts` that left `left` bytes waiting:
+    is `ts` the arrival of the read's own bytes? No when the first byte
+    waiting after them (past CR LF framing written with them) came in the
+    same receive buffer, which then carries that later segment's time, and
+    no when it cannot be told: no stamp, or a segment arrived while this
+    looked (it may have joined that buffer and moved its stamp)."""
+    if ts is None:
+        return False
+    now = _waiting(sock)
+    if now != left:
+        return False
+    if now == 0:
+        return True
+    head = sock.recv(min(now, 64), socket.MSG_PEEK)
+    framing = len(head) - len(head.lstrip(b"\r\n"))
+    if framing == len(head):
+        return True
+    _data, later = _recv_stamped(sock, framing + 1, socket.MSG_PEEK)
+    return _waiting(sock) == now and later is not None and later != ts
+
+
+def _keep_timestamps_on():
+    """Holds a socket with SO_TIMESTAMPNS open for the process's life (so
+    receive stamping never goes off between connections) and waits until a
+    loopback probe gets a stamp; returns the socket."""
+    keeper = socket.socket()
+    keeper.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    deadline = time.monotonic() + 5
+    while True:
+        srv = socket.create_server(("127.0.0.1", 0))
+        cli = socket.create_connection(srv.getsockname())
+        eng, _ = srv.accept()
+        cli.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        eng.sendall(b"x")
+        _data, ts = _recv_stamped(cli, 1, 0)
+        for s_ in (cli, eng, srv):
+            s_.close()
+        if ts is not None:
+            return keeper
+        if time.monotonic() > deadline:
+            raise SystemExit("client.py: the kernel gives no receive timestamps (SO_TIMESTAMPNS)")
+        time.sleep(0.01)
 
 
 def _on_request(_req):
@@ -64,17 +162,13 @@ class _TimedStream(httpcore.NetworkStream):
     def read(self, max_bytes, timeout=None):
         try:
             self._sock.settimeout(timeout)
-            data, anc, _flags, _addr = self._sock.recvmsg(min(max_bytes, READ_BYTES), 64)
+            data, ts, own = read_to_line_end(self._sock, min(max_bytes, READ_BYTES))
         except socket.timeout as e:
             raise httpcore.ReadTimeout(e) from e
         except OSError as e:
             raise httpcore.ReadError(e) from e
-        ts = None
-        for level, kind, payload in anc:
-            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
-                sec, nsec = struct.unpack("qq", payload[:16])
-                ts = sec * 1_000_000_000 + nsec
         _local.recv_ns = ts if ts is not None else time.time_ns()
+        _local.recv_own = bool(own)
         return data
 
     def write(self, buffer, timeout=None):
@@ -153,6 +247,7 @@ def run_one(client, a, i, endpoint, stream, usage, cancel):
         return rec
     times = []
     sdk_first = None
+    first_own = None
     prompt_tokens = completion_tokens = None
     s = call()
     t_send = _local.send_ns
@@ -164,6 +259,7 @@ def run_one(client, a, i, endpoint, stream, usage, cancel):
         if content_of(endpoint, chunk):
             if sdk_first is None:
                 sdk_first = time.time_ns()
+                first_own = _local.recv_own
             times.append(now)
             if cancel and len(times) == 3:
                 s.close()  # drops the connection mid-stream
@@ -181,12 +277,76 @@ def run_one(client, a, i, endpoint, stream, usage, cancel):
         ttft_sdk_s=(sdk_first - t_send) / 1e9 if sdk_first else None,
         send_ns=t_send,
         first_rx_ns=times[0] if times else None,
+        first_rx_own=first_own,
     )
     return rec
 
 
+def self_test():
+    """Checks the timestamp rules above on real loopback sockets. The engine
+    side writes chunked SSE events 20 ms apart. When the client reads the
+    first before the second is sent, its stamp must be its own and judged
+    so; when the client fell behind (both wait), it must be judged own
+    exactly when the stamp precedes the second send (the kernel usually
+    merges the two into one buffer stamped with the second's arrival); and
+    a segment arriving after the read makes a later look say "cannot tell"."""
+    def event(text):
+        body = b"data: " + text + b"\n\n"
+        return b"%x\r\n" % len(body) + body + b"\r\n"
+
+    def first_event(behind):
+        srv = socket.create_server(("127.0.0.1", 0))
+        cli = socket.create_connection(srv.getsockname())
+        eng, _ = srv.accept()
+        eng.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        cli.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        eng.sendall(event(b'{"a":1}'))
+        got = b""
+
+        def read_event():
+            nonlocal got
+            while b"\n\n" not in got:
+                data, ts, own = read_to_line_end(cli, READ_BYTES)
+                got += data
+            return ts, own, _waiting(cli)
+
+        if not behind:
+            time.sleep(0.005)
+            ts, own, left = read_event()
+        time.sleep(0.02)
+        t_second = time.time_ns()
+        eng.sendall(event(b'{"b":2}'))
+        time.sleep(0.01)
+        if behind:
+            ts, own, left = read_event()
+        # A third event after the read: a look now cannot vouch for `ts`.
+        eng.sendall(event(b'{"c":3}'))
+        time.sleep(0.005)
+        late_look = stamp_is_own(cli, ts, left)
+        for s_ in (cli, eng, srv):
+            s_.close()
+        assert ts is not None, "no receive timestamp"
+        assert late_look is False, "a look after a later segment arrived vouched for the stamp"
+        return ts, t_second, own
+
+    ts, t_second, own = first_event(behind=False)
+    assert ts < t_second and own, f"a client that kept up: stamp {ts - t_second} ns after the second send, own={own}"
+    merged = 0
+    for _ in range(5):
+        ts, t_second, own = first_event(behind=True)
+        assert own == (ts < t_second), f"a client that fell behind: stamp {ts - t_second} ns after the second send, own={own}"
+        merged += not own
+    print(f"client self-test: stamps judged right; the kernel merged the queued events {merged} of 5 times")
+
+
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    global _STAMPS
+    _STAMPS = _keep_timestamps_on()
+    if sys.argv[1:] == ["--self-test"]:
+        self_test()
+        return
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="client.py --self-test checks the read-timestamp rule on loopback and exits.")
     ap.add_argument("--base-url", required=True, help="e.g. http://127.0.0.1:8000/v1")
     ap.add_argument("--n", type=int, default=60, help="requests (default 60)")
     ap.add_argument("--max-tokens", type=int, default=32, help="max_tokens per request (default 32)")

@@ -290,6 +290,14 @@ pub fn round_trip(s: &mut TcpStream, path: &str, body: &str) -> io::Result<Respo
     read_response(s)
 }
 
+/// Sends `GET path` on `s` (keep-alive) and reads the whole response.
+pub fn get(s: &mut TcpStream, path: &str) -> io::Result<Response> {
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: test\r\nUser-Agent: probe\r\n\r\n").as_bytes(),
+    )?;
+    read_response(s)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

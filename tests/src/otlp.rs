@@ -19,8 +19,49 @@ use opentelemetry_proto::tonic::{
     metrics::v1::{metric::Data, number_data_point::Value as Num, Metric},
 };
 
+/// Metric exports received, and what the receiver checks of each.
 #[derive(Clone, Default)]
-pub struct Sink(pub Arc<Mutex<Vec<ExportMetricsServiceRequest>>>);
+pub struct Sink(pub Arc<Mutex<Vec<ExportMetricsServiceRequest>>>, pub Gate);
+
+/// What a receiver demands: an `authorization` header of this value
+/// (exports without it are refused: 401 / UNAUTHENTICATED, and counted).
+/// It also counts gzip-compressed exports.
+#[derive(Clone, Default)]
+pub struct Gate {
+    pub authorization: Option<String>,
+    pub refused: Arc<std::sync::atomic::AtomicU64>,
+    pub gzipped: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Gate {
+    pub fn requiring(authorization: &str) -> Gate {
+        Gate {
+            authorization: Some(authorization.to_string()),
+            ..Gate::default()
+        }
+    }
+
+    /// Whether an export carrying `got` as its authorization passes.
+    fn admits(&self, got: Option<&str>) -> bool {
+        let ok = match &self.authorization {
+            None => true,
+            Some(want) => got.is_some_and(|g| g.eq_ignore_ascii_case(want)),
+        };
+        if !ok {
+            self.refused
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        ok
+    }
+
+    pub fn refused(&self) -> u64 {
+        self.refused.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    pub fn gzipped(&self) -> u64 {
+        self.gzipped.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
 
 #[tonic::async_trait]
 impl MetricsService for Sink {
@@ -28,6 +69,22 @@ impl MetricsService for Sink {
         &self,
         req: tonic::Request<ExportMetricsServiceRequest>,
     ) -> Result<tonic::Response<ExportMetricsServiceResponse>, tonic::Status> {
+        let auth = req
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok());
+        if !self.1.admits(auth) {
+            return Err(tonic::Status::unauthenticated("wrong or no authorization"));
+        }
+        if req
+            .metadata()
+            .get("grpc-encoding")
+            .is_some_and(|v| v == "gzip")
+        {
+            self.1
+                .gzipped
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         self.0.lock().unwrap().push(req.into_inner());
         Ok(tonic::Response::new(ExportMetricsServiceResponse::default()))
     }
@@ -99,7 +156,90 @@ impl LogSink {
 
 /// Like [`start_receiver`], also receiving OTLP logs.
 pub fn start_receiver_with_logs(rt: &tokio::runtime::Runtime, port: u16) -> (Sink, LogSink, u16) {
-    let sink = Sink::default();
+    start_grpc(rt, port, None, Gate::default(), false)
+}
+
+/// A test certificate authority and a server certificate it signed for
+/// `127.0.0.1` (and `localhost`): what a collector behind TLS with a
+/// cluster's own CA looks like.
+pub struct TestCa {
+    /// The CA's certificate (what `--otlp-ca-file` is given).
+    pub ca_pem: String,
+    pub cert_pem: String,
+    pub cert_der: Vec<u8>,
+    pub key_pem: String,
+    pub key_der: Vec<u8>,
+    /// A client certificate the CA signed, and its key (mutual TLS).
+    pub client_cert_pem: String,
+    pub client_key_pem: String,
+}
+
+impl TestCa {
+    pub fn new() -> Self {
+        use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+        let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca.distinguished_name
+            .push(DnType::CommonName, "tokentap test CA");
+        let ca_key = KeyPair::generate().unwrap();
+        let ca_cert = ca.self_signed(&ca_key).unwrap();
+        let issuer = Issuer::new(ca, ca_key);
+        let mut leaf =
+            CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()]).unwrap();
+        leaf.distinguished_name
+            .push(DnType::CommonName, "collector");
+        let key = KeyPair::generate().unwrap();
+        let cert = leaf.signed_by(&key, &issuer).unwrap();
+        let mut client = CertificateParams::new(vec!["tokentap-agent".to_string()]).unwrap();
+        client
+            .distinguished_name
+            .push(DnType::CommonName, "tokentap agent");
+        let client_key = KeyPair::generate().unwrap();
+        let client_cert = client.signed_by(&client_key, &issuer).unwrap();
+        TestCa {
+            client_cert_pem: client_cert.pem(),
+            client_key_pem: client_key.serialize_pem(),
+            ca_pem: ca_cert.pem(),
+            cert_pem: cert.pem(),
+            cert_der: cert.der().to_vec(),
+            key_pem: key.serialize_pem(),
+            key_der: key.serialize_der(),
+        }
+    }
+}
+
+impl Default for TestCa {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Serves OTLP/gRPC metrics and logs over TLS (the certificate `ca`
+/// signed) on 127.0.0.1, any free port.
+pub fn start_tls_receiver(rt: &tokio::runtime::Runtime, ca: &TestCa) -> (Sink, LogSink, u16) {
+    start_grpc(rt, 0, Some(ca), Gate::default(), false)
+}
+
+/// [`start_tls_receiver`] with a `gate` (a required authorization), and
+/// with `mtls`: only clients with a certificate the CA signed get in.
+pub fn start_tls_receiver_with(
+    rt: &tokio::runtime::Runtime,
+    ca: &TestCa,
+    gate: Gate,
+    mtls: bool,
+) -> (Sink, u16) {
+    let (s, _, p) = start_grpc(rt, 0, Some(ca), gate, mtls);
+    (s, p)
+}
+
+fn start_grpc(
+    rt: &tokio::runtime::Runtime,
+    port: u16,
+    tls: Option<&TestCa>,
+    gate: Gate,
+    mtls: bool,
+) -> (Sink, LogSink, u16) {
+    let sink = Sink(Arc::default(), gate);
     let logs = LogSink::default();
     let listener = rt
         .block_on(tokio::net::TcpListener::bind(("127.0.0.1", port)))
@@ -107,9 +247,22 @@ pub fn start_receiver_with_logs(rt: &tokio::runtime::Runtime, port: u16) -> (Sin
     let port = listener.local_addr().unwrap().port();
     let svc = sink.clone();
     let lsvc = logs.clone();
+    let mut server = tonic::transport::Server::builder();
+    if let Some(ca) = tls {
+        let mut c = tonic::transport::ServerTlsConfig::new().identity(
+            tonic::transport::Identity::from_pem(&ca.cert_pem, &ca.key_pem),
+        );
+        if mtls {
+            c = c.client_ca_root(tonic::transport::Certificate::from_pem(&ca.ca_pem));
+        }
+        server = server.tls_config(c).expect("server TLS");
+    }
     rt.spawn(async move {
-        tonic::transport::Server::builder()
-            .add_service(MetricsServiceServer::new(svc))
+        server
+            .add_service(
+                MetricsServiceServer::new(svc)
+                    .accept_compressed(tonic::codec::CompressionEncoding::Gzip),
+            )
             .add_service(LogsServiceServer::new(lsvc))
             .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener))
             .await
@@ -266,23 +419,80 @@ pub fn exponential_histograms(exports: &[ExportMetricsServiceRequest]) -> Vec<St
 /// Serves OTLP/HTTP protobuf (`POST /v1/metrics`) on 127.0.0.1:`port`
 /// (0: any free port) from a plain thread; returns the port.
 pub fn start_http_receiver(port: u16) -> (Sink, u16) {
-    use std::io::Write;
-    let sink = Sink::default();
+    start_http(port, None, Gate::default())
+}
+
+/// [`start_http_receiver`] over TLS (the certificate `ca` signed), any
+/// free port.
+pub fn start_https_receiver(ca: &TestCa) -> (Sink, u16) {
+    start_http(0, Some(ca), Gate::default())
+}
+
+/// [`start_https_receiver`] with a `gate` (a required authorization);
+/// gzip-encoded bodies are decoded.
+pub fn start_https_receiver_with(ca: &TestCa, gate: Gate) -> (Sink, u16) {
+    start_http(0, Some(ca), gate)
+}
+
+fn start_http(port: u16, tls: Option<&TestCa>, gate: Gate) -> (Sink, u16) {
+    use std::io::{Read, Write};
+    let sink = Sink(Arc::default(), gate);
     let listener = std::net::TcpListener::bind(("127.0.0.1", port)).expect("bind OTLP/HTTP");
     let port = listener.local_addr().expect("local addr").port();
     let out = sink.clone();
-    std::thread::spawn(move || {
-        for mut conn in listener.incoming().flatten() {
-            if let Ok(Some(req)) = http::read_request(&mut conn, &mut Vec::new()) {
-                if req.head.text.starts_with("post /v1/metrics") {
-                    if let Ok(m) =
-                        <ExportMetricsServiceRequest as prost::Message>::decode(&req.body[..])
-                    {
-                        out.0.lock().unwrap().push(m);
-                    }
+    let config = tls.map(|ca| {
+        std::sync::Arc::new(
+            rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
+                rustls::crypto::ring::default_provider(),
+            ))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![ca.cert_der.clone().into()],
+                rustls::pki_types::PrivatePkcs8KeyDer::from(ca.key_der.clone()).into(),
+            )
+            .expect("server certificate"),
+        )
+    });
+    fn serve(conn: &mut (impl Read + Write), out: &Sink) {
+        let mut status = "200 OK";
+        if let Ok(Some(req)) = http::read_request(conn, &mut Vec::new()) {
+            if !out.1.admits(req.head.header("authorization")) {
+                status = "401 Unauthorized";
+            } else if req.head.text.starts_with("post /v1/metrics") {
+                let body = if req.head.header("content-encoding") == Some("gzip") {
+                    out.1
+                        .gzipped
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let mut d = Vec::new();
+                    let _ = flate2::read::GzDecoder::new(&req.body[..]).read_to_end(&mut d);
+                    d
+                } else {
+                    req.body
+                };
+                if let Ok(m) = <ExportMetricsServiceRequest as prost::Message>::decode(&body[..]) {
+                    out.0.lock().unwrap().push(m);
                 }
             }
-            let _ = conn.write_all(b"HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+        }
+        let _ = conn.write_all(format!("HTTP/1.1 {status}\r\nContent-Type: application/x-protobuf\r\nContent-Length: 0\r\nConnection: close\r\n\r\n").as_bytes());
+        let _ = conn.flush();
+    }
+    std::thread::spawn(move || {
+        for mut conn in listener.incoming().flatten() {
+            match &config {
+                None => serve(&mut conn, &out),
+                Some(c) => {
+                    let Ok(tls) = rustls::ServerConnection::new(c.clone()) else {
+                        continue;
+                    };
+                    let mut s = rustls::StreamOwned::new(tls, conn);
+                    serve(&mut s, &out);
+                    s.conn.send_close_notify();
+                    let _ = s.flush();
+                }
+            }
         }
     });
     (sink, port)
@@ -294,40 +504,58 @@ pub fn sum_point_attributes(
     exports: &[ExportMetricsServiceRequest],
     name: &str,
 ) -> Vec<Vec<(String, String)>> {
+    sum_points(exports, name)
+        .into_iter()
+        .map(|(a, _)| a)
+        .collect()
+}
+
+/// Every data point of sum metric `name` in the last export that has it:
+/// its attributes (key → value as text) and value, across resources.
+pub fn sum_points(
+    exports: &[ExportMetricsServiceRequest],
+    name: &str,
+) -> Vec<(Vec<(String, String)>, u64)> {
     use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
     for e in exports.iter().rev() {
-        for rm in &e.resource_metrics {
-            for sm in &rm.scope_metrics {
-                for m in &sm.metrics {
-                    if m.name == name {
-                        if let Some(Data::Sum(s)) = &m.data {
-                            return s
-                                .data_points
-                                .iter()
-                                .map(|p| {
-                                    p.attributes
-                                        .iter()
-                                        .map(|kv| {
-                                            let v = match kv
-                                                .value
-                                                .as_ref()
-                                                .and_then(|v| v.value.as_ref())
-                                            {
-                                                Some(Any::StringValue(s)) => s.clone(),
-                                                Some(Any::IntValue(i)) => i.to_string(),
-                                                Some(Any::BoolValue(b)) => b.to_string(),
-                                                Some(Any::DoubleValue(d)) => d.to_string(),
-                                                other => format!("{other:?}"),
-                                            };
-                                            (kv.key.clone(), v)
-                                        })
-                                        .collect()
-                                })
-                                .collect();
-                        }
-                    }
-                }
+        let mut out = vec![];
+        let mut found = false;
+        for m in e
+            .resource_metrics
+            .iter()
+            .flat_map(|rm| &rm.scope_metrics)
+            .flat_map(|sm| &sm.metrics)
+            .filter(|m| m.name == name)
+        {
+            let Some(Data::Sum(s)) = &m.data else {
+                continue;
+            };
+            found = true;
+            for p in &s.data_points {
+                let attrs = p
+                    .attributes
+                    .iter()
+                    .map(|kv| {
+                        let v = match kv.value.as_ref().and_then(|v| v.value.as_ref()) {
+                            Some(Any::StringValue(s)) => s.clone(),
+                            Some(Any::IntValue(i)) => i.to_string(),
+                            Some(Any::BoolValue(b)) => b.to_string(),
+                            Some(Any::DoubleValue(d)) => d.to_string(),
+                            other => format!("{other:?}"),
+                        };
+                        (kv.key.clone(), v)
+                    })
+                    .collect();
+                let v = match p.value {
+                    Some(Num::AsInt(i)) => i as u64,
+                    Some(Num::AsDouble(d)) => d as u64,
+                    None => 0,
+                };
+                out.push((attrs, v));
             }
+        }
+        if found {
+            return out;
         }
     }
     vec![]

@@ -130,6 +130,26 @@ impl Peers {
         start(die_with_parent(&mut cmd), "Starting Rotel", "rotel")
     }
 
+    /// Runs `client.py --self-test`: its read-timestamp rule, checked on a
+    /// loopback socket (the client's TTFT is the ground truth the fidelity
+    /// tests compare with, so its own clock is checked first).
+    pub fn client_self_test(&self) {
+        let out = die_with_parent(
+            Command::new(self.venv_bin("python"))
+                .arg(self.dir.join("client.py"))
+                .arg("--self-test")
+                .stdin(Stdio::null()),
+        )
+        .output()
+        .expect("run client.py --self-test");
+        assert!(
+            out.status.success(),
+            "client.py --self-test failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
     /// Runs the `openai` SDK client (`client.py`) against `base_url` and
     /// returns what it measured, one object per request.
     pub fn client(&self, base_url: &str, extra: &[&str], out: &Path) -> Vec<Value> {
@@ -199,8 +219,16 @@ pub struct Comparison<'a> {
     pub missing: Vec<String>,
     /// Tags with more than one record.
     pub duplicated: Vec<String>,
-    /// tokentap − client, seconds, streamed requests that completed.
+    /// tokentap − client, seconds, streamed requests that completed and
+    /// whose first event the client stamped with its own arrival.
     pub ttft_diff: Vec<f64>,
+    /// Completed streams whose first event's receive stamp is a later
+    /// segment's, or could not be vouched for (`first_rx_own: false`: the
+    /// client had fallen behind and the kernel merged the two): no ground
+    /// truth for TTFT or TPOT. Tag and tokentap − client TTFT (seconds;
+    /// the client's figure is then an upper bound, so this is a lower
+    /// bound of the true difference).
+    pub client_behind: Vec<(String, f64)>,
     pub tpot_diff: Vec<f64>,
     /// tokentap TTFT − TTFT as the SDK hands the first chunk over (after
     /// its parsing): what an application timing around the SDK adds.
@@ -227,6 +255,7 @@ impl<'a> Comparison<'a> {
             missing: vec![],
             duplicated: vec![],
             ttft_diff: vec![],
+            client_behind: vec![],
             tpot_diff: vec![],
             ttft_sdk_diff: vec![],
             before_read: vec![],
@@ -239,24 +268,32 @@ impl<'a> Comparison<'a> {
                 Some([r]) => {
                     if !q["cancelled"].as_bool().unwrap_or(false) {
                         if let Some(a) = r["ttft_s"].as_f64() {
-                            if let Some(b) = q["ttft_s"].as_f64() {
+                            let own = q["first_rx_own"] != false;
+                            if let (Some(b), false) = (q["ttft_s"].as_f64(), own) {
+                                c.client_behind.push((tag.to_string(), a - b));
+                            }
+                            if let (Some(b), true) = (q["ttft_s"].as_f64(), own) {
                                 c.ttft_diff.push(a - b);
                             }
                             if let Some(b) = q["ttft_sdk_s"].as_f64() {
                                 c.ttft_sdk_diff.push(a - b);
                             }
-                            if let (Some(send), Some(rx), Some(t0)) = (
-                                q["send_ns"].as_i64(),
-                                q["first_rx_ns"].as_i64(),
-                                r["t0_ns"].as_i64(),
-                            ) {
-                                let t1 = t0 + (a * 1e9) as i64;
+                            if let (Some(send), Some(t0)) =
+                                (q["send_ns"].as_i64(), r["t0_ns"].as_i64())
+                            {
                                 c.before_read.push((t0 - send) as f64 / 1e9);
-                                c.to_client.push((rx - t1) as f64 / 1e9);
+                                if let (Some(rx), true) = (q["first_rx_ns"].as_i64(), own) {
+                                    let t1 = t0 + (a * 1e9) as i64;
+                                    c.to_client.push((rx - t1) as f64 / 1e9);
+                                }
                             }
                         }
                     }
-                    if let (Some(a), Some(b)) = (r["tpot_s"].as_f64(), q["tpot_s"].as_f64()) {
+                    if let (Some(a), Some(b), true) = (
+                        r["tpot_s"].as_f64(),
+                        q["tpot_s"].as_f64(),
+                        q["first_rx_own"] != false,
+                    ) {
                         c.tpot_diff.push(a - b);
                     }
                     c.pairs.push(Pair {

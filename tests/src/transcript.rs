@@ -85,6 +85,7 @@ pub fn events(t: &Transcript) -> Vec<SocketEvent> {
                 .parse::<SocketAddr>()
                 .unwrap(),
         ),
+        joined: false,
     })];
     let mut chunked = false;
     let data = |ts: u64, dir: Dir, bytes: Vec<u8>, ret: Option<i64>| {

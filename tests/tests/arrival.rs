@@ -212,16 +212,20 @@ fn p99(mut v: Vec<f64>) -> f64 {
     v[((v.len() as f64 * 0.99).ceil() as usize).clamp(1, v.len()) - 1]
 }
 
+/// The client port of a record (`client` is `ip:port`).
+fn client_port(r: &Value) -> u16 {
+    r["client"]
+        .as_str()
+        .and_then(|c| c.rsplit(':').next())
+        .and_then(|p| p.parse().ok())
+        .expect("client ip:port")
+}
+
 /// Each client request with its record (by client port and order).
 fn pair<'a>(seen: &'a [Seen], recs: &'a [Value]) -> Vec<(&'a Seen, &'a Value)> {
     let mut by_port: std::collections::HashMap<u16, Vec<&Value>> = Default::default();
     for r in recs {
-        let port: u16 = r["client"]
-            .as_str()
-            .and_then(|c| c.rsplit(':').next())
-            .and_then(|p| p.parse().ok())
-            .expect("client ip:port");
-        by_port.entry(port).or_default().push(r);
+        by_port.entry(client_port(r)).or_default().push(r);
     }
     for v in by_port.values_mut() {
         v.sort_by_key(|r| r["t0_ns"].as_u64().unwrap());
@@ -255,11 +259,16 @@ fn agent(
     start(&mut c, "ready", "tokentap run")
 }
 
-/// Waits until the agent has the engines (a request it records).
-fn warm_up(addr: &str, log: &Path) {
+/// Waits until the agent has the engines (a request it records). Returns
+/// the client ports the warm-up used: its records are left out by port, not
+/// by counting the log at one instant (a warm-up request whose record was
+/// still on its way when the log was read would be counted as the test's).
+fn warm_up(addr: &str, log: &Path) -> std::collections::HashSet<u16> {
     let t = now();
+    let mut ports = std::collections::HashSet::new();
     while read_jsonl(log).is_empty() {
         let mut s = TcpStream::connect(addr).unwrap();
+        ports.insert(s.local_addr().unwrap().port());
         s.write_all(request(999_999).as_bytes()).unwrap();
         let _ = read_responses(&mut s, 1, now());
         assert!(
@@ -268,6 +277,15 @@ fn warm_up(addr: &str, log: &Path) {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+    ports
+}
+
+/// The records of the log that are not the warm-up's.
+fn records_after_warm_up(log: &Path, warm: &std::collections::HashSet<u16>) -> Vec<Value> {
+    read_jsonl(log)
+        .into_iter()
+        .filter(|r| !warm.contains(&client_port(r)))
+        .collect()
 }
 
 #[test]
@@ -307,8 +325,7 @@ fn ttft_from_arrival_includes_time_unread_in_the_socket_and_queue_s_is_that_time
         format!("{}:{pa}", ns.ns_addr),
         format!("{}:{pb}", ns.ns_addr),
     );
-    warm_up(&addr_a, &log);
-    let warm = read_jsonl(&log).len();
+    let warm = warm_up(&addr_a, &log);
     let mut seen = run_clients(&addr_a, &addr_b);
     // The engines' own account: how long each request was left unread
     // (scripted) and when the read that took it returned (its clock
@@ -349,7 +366,7 @@ fn ttft_from_arrival_includes_time_unread_in_the_socket_and_queue_s_is_that_time
     std::thread::sleep(Duration::from_millis(1500));
     let (ok, out) = interrupt(&mut tt, tt_out);
     assert!(ok, "agent failed: {out:#?}");
-    let recs: Vec<Value> = read_jsonl(&log).into_iter().skip(warm).collect();
+    let recs = records_after_warm_up(&log, &warm);
     assert_eq!(recs.len(), seen.len(), "one record per request");
     assert!(seen.len() >= 100);
 
@@ -411,8 +428,7 @@ fn ttft_from_arrival_includes_time_unread_in_the_socket_and_queue_s_is_that_time
     std::fs::write(dir2.join("salt"), "arrival-test").unwrap();
     let log2 = dir2.join("requests.jsonl");
     let (mut tt, tt_out) = agent(&dir2, &[pa, pb], &["--no-arrival-time"]);
-    warm_up(&addr_a, &log2);
-    let n = read_jsonl(&log2).len();
+    let warm2 = warm_up(&addr_a, &log2);
     // Three requests (three delays in turn) on one connection.
     let mut s = TcpStream::connect(&addr_a).unwrap();
     let mut want = vec![];
@@ -445,7 +461,7 @@ fn ttft_from_arrival_includes_time_unread_in_the_socket_and_queue_s_is_that_time
     std::thread::sleep(Duration::from_millis(1500));
     let (ok, out) = interrupt(&mut tt, tt_out);
     assert!(ok, "agent failed: {out:#?}");
-    let recs: Vec<Value> = read_jsonl(&log2).into_iter().skip(n).collect();
+    let recs = records_after_warm_up(&log2, &warm2);
     assert_eq!(recs.len(), 3);
     for (r, (client_ttft, q, waited)) in recs.iter().zip(want) {
         assert_eq!(r["t0_source"], "read", "{r}");

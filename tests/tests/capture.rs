@@ -588,3 +588,65 @@ fn writes_from_every_cpu_come_before_a_close_from_another_cpu() {
         );
     }
 }
+
+#[test]
+#[ignore = "needs root: switches to an unprivileged user with setpriv (cargo xtask test runs it as root)"]
+fn without_privileges_the_errors_say_what_is_missing_and_no_capture_file_is_left() {
+    assert_root("unprivileged diagnostics");
+    // An unprivileged user (nobody) runs a copy of the binary it can reach,
+    // writing into a directory it may write.
+    let dir = scratch_dir("unprivileged");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let bin = dir.join("tokentap");
+    std::fs::copy(tokentap_bin(), &bin).unwrap();
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // A listener of root's: nobody cannot read its sockets.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port().to_string();
+    let as_nobody = |args: &[&str]| {
+        let out = Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(&bin)
+            .args(args)
+            .current_dir(&dir)
+            .output()
+            .expect("setpriv (util-linux)");
+        assert!(!out.status.success(), "{args:?} succeeded unprivileged");
+        String::from_utf8_lossy(&out.stderr).to_string()
+    };
+    let cap_file = dir.join("cap.jsonl");
+    let cap_arg = cap_file.to_str().unwrap();
+    let err = as_nobody(&[
+        "capture",
+        "--port",
+        &port,
+        "--out",
+        cap_arg,
+        "--duration",
+        "1",
+    ]);
+    assert!(
+        err.contains("permission denied") && err.contains("CAP_BPF") && err.contains(&port),
+        "the listener it cannot see is not reported as absent: {err}"
+    );
+    assert!(!cap_file.exists(), "a failed capture leaves no file");
+    // By pid: the next thing in the way is tracefs (mounted, root's).
+    let err = as_nobody(&[
+        "capture",
+        "--pid",
+        &std::process::id().to_string(),
+        "--out",
+        cap_arg,
+        "--duration",
+        "1",
+    ]);
+    assert!(err.contains("CAP_BPF"), "{err}");
+    if Path::new("/sys/kernel/tracing/events").is_dir() {
+        assert!(
+            err.contains("cannot read tracefs") && !err.contains("mounting it failed"),
+            "tracefs is mounted, only closed to this user: {err}"
+        );
+    }
+    assert!(!cap_file.exists(), "a failed capture leaves no file");
+    drop(listener);
+}

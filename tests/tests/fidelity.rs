@@ -13,7 +13,9 @@
 //! tokentap's metrics. Per-request differences are printed.
 //!
 //! The client times at its socket (send, and the kernel's receive
-//! timestamps; `tests/peers/client.py`). Requests go one at a time, 50 ms
+//! timestamps, each read ending at a line end so that an event is never
+//! stamped with a later one's arrival; `tests/peers/client.py`, whose
+//! `--self-test` each run checks that rule with first). Requests go one at a time, 50 ms
 //! apart, after two warm-up requests. Engine, client and agent run at the
 //! default priority, unpinned: with t0 taken when the request reaches the
 //! engine's socket (`tcp:tcp_probe`), the time a busy two-core machine
@@ -69,6 +71,7 @@ fn fidelity(kind: Engine) {
     let test = format!("fidelity_{}", kind.name());
     assert_root(&test);
     let peers = Peers::installed(&test);
+    peers.client_self_test();
     let dir = scratch_dir(&test);
     let log = dir.join("requests.jsonl");
 
@@ -144,8 +147,13 @@ fn fidelity(kind: Engine) {
         ) {
             (Some(send), Some(rx), Some(t0), Some(ttft)) => {
                 let t1 = t0 + (ttft * 1e9) as i64;
+                let behind = if q["first_rx_own"] == false {
+                    " (client behind: rx is a later segment's; not compared)"
+                } else {
+                    ""
+                };
                 format!(
-                    "send→t0 {:.3} t1→rx {:.3}",
+                    "send→t0 {:.3} t1→rx {:.3}{behind}",
                     (t0 - send) as f64 / 1e6,
                     (rx - t1) as f64 / 1e6
                 )
@@ -194,11 +202,13 @@ fn fidelity(kind: Engine) {
         kind.name()
     );
     println!(
-        "{}: {N} requests in {client_s:.1}s; |TTFT diff| p50 {t50:.3} ms p99 {t99:.3} ms (n={}); \
+        "{}: {N} requests in {client_s:.1}s; |TTFT diff| p50 {t50:.3} ms p99 {t99:.3} ms (n={}, \
+         {} more with the client behind); \
          |TPOT diff| p50 {p50:.3} ms p99 {p99:.3} ms (n={}); vs TTFT after the SDK's parsing: \
          p50 {s50:.3} ms p99 {s99:.3} ms",
         kind.name(),
         cmp.ttft_diff.len(),
+        cmp.client_behind.len(),
         cmp.tpot_diff.len()
     );
 
@@ -253,15 +263,37 @@ fn fidelity(kind: Engine) {
             );
         }
     }
-    let streamed = cmp
+    let completed = cmp
         .pairs
         .iter()
-        .filter(|p| p.client["stream"] == true)
+        .filter(|p| p.client["stream"] == true && p.client["cancelled"] == false)
         .count();
-    assert!(
-        cmp.ttft_diff.len() + N / 12 >= streamed,
+    assert_eq!(
+        cmp.ttft_diff.len() + cmp.client_behind.len(),
+        completed,
         "a TTFT for every completed stream"
     );
+    // Where the client fell behind, its kernel stamped the first event with
+    // a later one's arrival (client.py's module doc): no ground truth
+    // there. Such streams are left out of the comparison, so they must stay
+    // rare, or the p99 below would describe a chosen few; and as the
+    // client's figure is then an upper bound, tokentap's TTFT must still
+    // not exceed it by more than twice the p99 bound (a per-stream check on
+    // a handful of streams, not a p99: it catches a first token put on the
+    // wrong write, which is off by a token gap or more).
+    assert!(
+        cmp.client_behind.len() * 10 <= completed,
+        "the client's clock has no exact first-event arrival for {} of {completed} completed streams: {:?}",
+        cmp.client_behind.len(),
+        cmp.client_behind
+    );
+    for (tag, d) in &cmp.client_behind {
+        assert!(
+            *d * 1e3 <= 2.0 * TTFT_P99_MAX_MS,
+            "{tag}: tokentap's TTFT exceeds the client's (an upper bound there) by {:.3} ms",
+            d * 1e3
+        );
+    }
     assert!(
         t99 <= TTFT_P99_MAX_MS,
         "p99 |TTFT difference| {t99:.3} ms > {TTFT_P99_MAX_MS} ms"

@@ -67,6 +67,7 @@ fn cfg(lib: &Path) -> SamplerConfig {
         library: Some(lib.to_path_buf()),
         interval: Duration::from_millis(50),
         retry_interval: Duration::from_millis(200),
+        one_shot: false,
     }
 }
 
@@ -729,4 +730,50 @@ fn sampler_cpu_per_pass_with_8_gpus_and_64_processes() {
         if cfg!(debug_assertions) { "debug" } else { "release" }
     );
     assert_eq!(sampler.status().call_failures_total(), 0);
+}
+
+#[test]
+fn gpu_check_prints_what_nvml_shows_or_one_line_saying_why_it_cannot() {
+    let s = Scratch::new("gpu-check");
+    let scenario = s.0.join("scenario.json");
+    std::fs::write(
+        &scenario,
+        serde_json::to_vec(&json!({
+            "devices": [{"uuid": "GPU-check-0", "name": "NVIDIA L4"}],
+            "steps": [{"t_ms": 0, "devices": [gpu_values(42, 1_000_000, &[])]}]
+        }))
+        .unwrap(),
+    )
+    .unwrap();
+    let check = |lib: &Path| {
+        std::process::Command::new(tokentap_tests::tokentap_bin())
+            .args(["gpu-check", "--secs", "0.5", "--interval", "0.2"])
+            .arg("--nvml-library")
+            .arg(lib)
+            .env("FAKE_NVML_SCENARIO", &scenario)
+            .env("FAKE_NVML_CALLS", s.calls_path())
+            .output()
+            .unwrap()
+    };
+    let out = check(&s.lib());
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stdout.contains("GPU-check-0") && stdout.contains("42.0"),
+        "{stdout}"
+    );
+    // No library: one error line naming the cause, and no promise to retry
+    // (gpu-check looks once).
+    let out = check(&s.0.join("missing/libnvidia-ml.so.1"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("NVML is not available") && stderr.contains("cannot be loaded"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("retrying"), "{stderr}");
 }

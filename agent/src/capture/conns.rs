@@ -123,6 +123,7 @@ impl State {
             role,
             local,
             peer,
+            joined: false,
         };
         self.open.insert((pid, fd), ev.clone());
         self.events += 1;
@@ -172,6 +173,7 @@ impl State {
                 role,
                 local: Some(e.local),
                 peer: Some(e.peer),
+                joined: true,
             };
             self.open.insert((pid, fd), ev.clone());
             self.events += 1;

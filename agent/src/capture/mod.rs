@@ -227,6 +227,11 @@ impl AsRawFd for Ring {
     }
 }
 
+/// What capturing needs, in the words every message and `--help` use.
+pub const PRIVILEGES: &str = "root, or CAP_BPF + CAP_PERFMON + CAP_SYS_PTRACE + \
+CAP_DAC_READ_SEARCH (+ CAP_SYS_ADMIN only where tracefs is not mounted); \
+docs/deploy.md, \"Privileges\"";
+
 pub struct Capture {
     // Field order matters for drop: programs detach before maps go.
     ring: AsyncFd<Ring>,
@@ -259,6 +264,15 @@ impl Capture {
         if pids.is_empty() && !opts.ports.is_empty() {
             pids = procfs::pids_listening_on(&opts.proc_root, &opts.ports);
             if pids.is_empty() && !opts.allow_no_targets {
+                if procfs::fds_denied() {
+                    bail!(
+                        "no process this agent may look into is listening on port(s) {:?}: \
+                         other processes' sockets could not be read (permission denied). \
+                         Capturing needs {}",
+                        opts.ports,
+                        PRIVILEGES
+                    );
+                }
                 bail!(
                     "no process is listening on port(s) {:?} (in any network namespace)",
                     opts.ports

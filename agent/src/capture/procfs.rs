@@ -62,11 +62,19 @@ pub fn socket_fds(proc_root: &Path, pid: u32) -> HashMap<u64, i32> {
     out
 }
 
+/// Some process's sockets could not be read (permission denied).
+static FD_DENIED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether some process's sockets could not be read so far: "nothing
+/// listens" may then mean "nothing this agent may see listens".
+pub fn fds_denied() -> bool {
+    FD_DENIED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Says once that another process's sockets cannot be read: without it,
 /// an agent short of privileges would report "found 0" and look healthy.
 fn warn_fd_denied(pid: u32) {
-    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+    if !FD_DENIED.swap(true, std::sync::atomic::Ordering::Relaxed) {
         eprintln!(
             "tokentap: warning: cannot read /proc/{pid}/fd (permission denied): engines whose sockets cannot be read are not found or resolved. The agent needs CAP_SYS_PTRACE (engines holding capabilities it lacks) and CAP_DAC_READ_SEARCH (engines of another user); see docs/deploy.md. Said once"
         );

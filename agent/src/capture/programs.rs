@@ -37,6 +37,16 @@ pub fn ensure_tracefs() -> Result<()> {
     if events.is_dir() || Path::new("/sys/kernel/debug/tracing/events").is_dir() {
         return Ok(());
     }
+    // Mounted but closed to this user (tracefs is mode 0700, root's):
+    // mounting again would not help, and "not mounted" would mislead.
+    if let Err(e) = std::fs::metadata(&events) {
+        if e.kind() == std::io::ErrorKind::PermissionDenied {
+            bail!(
+                "cannot read tracefs at {TRACEFS} (permission denied): capturing needs {}",
+                super::PRIVILEGES
+            );
+        }
+    }
     let src = c"tracefs";
     let dst = c"/sys/kernel/tracing";
     // SAFETY: valid NUL-terminated strings; no data argument.

@@ -6,8 +6,11 @@
 //! of its endpoint (`engines`).
 //!
 //! An HTTP/2 connection (its client preface, or a server's first SETTINGS
-//! frame) or one switched away by `101 Switching Protocols` is counted once
-//! in `DecodeStats::unsupported_protocol` and then ignored. Following a new
+//! frame), a served TLS one (its first bytes are TLS records: tokentap sees
+//! only ciphertext) or one switched away by `101 Switching Protocols` is
+//! counted once in `DecodeStats::unsupported_protocol` (TLS also in `tls`,
+//! and its engine listed once in [`Decoder::take_tls_servers`]) and then
+//! ignored; an outgoing TLS connection counts only in `tls`. Following a new
 //! protocol is adding its machine as a module and an arm of `Proto`.
 //!
 //! A request's t0 is when its first byte reached the engine's socket when
@@ -66,6 +69,16 @@ pub struct DecodeStats {
     /// Connections speaking a protocol this decoder does not follow
     /// (HTTP/2 preface, a `101 Switching Protocols` upgrade).
     pub unsupported_protocol: u64,
+    /// Connections whose bytes are TLS records: encrypted, so not decoded.
+    /// Served ones (the engine terminating TLS) also count in
+    /// `unsupported_protocol`; outgoing ones (an engine's own HTTPS calls)
+    /// only here.
+    pub tls: u64,
+    /// Connections first seen by their data, without an accept or connect
+    /// event: open before the agent started (or their open event lost).
+    /// Their bytes are skipped until a request starts; whatever was in
+    /// flight on them is not a decode error.
+    pub joined: u64,
 }
 
 /// What the decoder keeps of each request besides its timing and sizes:
@@ -143,6 +156,8 @@ pub enum Flow {
     Continue,
     /// The connection switched to a protocol no machine here follows.
     Unsupported,
+    /// The connection's bytes are TLS records (unsupported: ciphertext).
+    Tls,
 }
 
 /// Where machines put what they finish: the counters, the exchange
@@ -153,9 +168,28 @@ pub struct Out<'a> {
     records: &'a mut Vec<Finished>,
     self_marker: Option<&'a Marker>,
     pub identity: &'a IdentityConfig,
+    tls_servers: &'a mut TlsServers,
 }
 
+/// Engines (pid, port) seen speaking TLS, each reported once.
+#[derive(Default)]
+struct TlsServers {
+    seen: std::collections::HashSet<(u32, Option<u16>)>,
+    new: Vec<(u32, Option<u16>)>,
+}
+
+/// How many TLS engines are remembered (and so named); more are counted.
+const TLS_SERVERS_KEPT: usize = 256;
+
 impl Out<'_> {
+    /// A connection of `pid` (on `port`, when known) turned out to be TLS.
+    fn tls_server(&mut self, pid: u32, port: Option<u16>) {
+        let t = &mut *self.tls_servers;
+        if t.seen.len() < TLS_SERVERS_KEPT && t.seen.insert((pid, port)) {
+            t.new.push((pid, port));
+        }
+    }
+
     pub fn emit(&mut self, r: Finished) {
         self.stats.records += 1;
         self.records.push(r);
@@ -189,6 +223,7 @@ enum Sniffed {
     Wait,
     Http1,
     Http2,
+    Tls,
 }
 
 impl Sniff {
@@ -201,6 +236,11 @@ impl Sniff {
     }
 
     fn look(&mut self, request_dir: Dir, d: &DataEvent) -> Sniffed {
+        // A ClientHello, or (a connection joined mid-way) records either
+        // side wrote or read whole.
+        if self.len == 0 && d.ret > 0 && looks_like_tls(&d.data) {
+            return Sniffed::Tls;
+        }
         if d.dir != request_dir {
             // The server speaks first: HTTP/2 servers open with SETTINGS.
             return if is_http2_settings(&d.data) {
@@ -240,6 +280,26 @@ pub fn body_fingerprint(body: &[u8]) -> u64 {
         .hash_one(body)
 }
 
+/// Does `data` start with TLS records: at least one whole record header,
+/// and every header it holds whole that of a TLS 1.0–1.3 (or SSL 3)
+/// record — content type 20–24, version 3.0–3.4, a length from 1 to
+/// 2^14 + 2048 — laid end to end? The last record may run past the data (a
+/// read of part of what waits). HTTP/1 never starts with these bytes (they
+/// are control characters), so a connection whose first call does is TLS.
+pub fn looks_like_tls(data: &[u8]) -> bool {
+    let mut at = 0usize;
+    let mut headers = 0;
+    while let Some(&[kind, major, minor, l0, l1]) = data.get(at..at + 5) {
+        let len = usize::from(u16::from_be_bytes([l0, l1]));
+        if !(0x14..=0x18).contains(&kind) || major != 3 || minor > 4 || len == 0 || len > 18432 {
+            return false;
+        }
+        headers += 1;
+        at += 5 + len;
+    }
+    headers > 0
+}
+
 /// Does `data` start with an HTTP/2 SETTINGS frame on stream 0, not an
 /// ACK, whole (what an HTTP/2 server writes first, RFC 9113 §3.4)?
 fn is_http2_settings(data: &[u8]) -> bool {
@@ -274,6 +334,9 @@ struct Conn {
     ledger: Option<arrival::Ledger>,
     /// (local port, peer) it was claimed under.
     addr: Option<(u16, std::net::SocketAddr)>,
+    /// First seen by its data (no open event): it may be mid-request or
+    /// mid-response, so decoding starts at the next request.
+    joined: bool,
 }
 
 impl Conn {
@@ -288,6 +351,7 @@ impl Conn {
             proto: Proto::Sniffing(Sniff::new()),
             ledger: None,
             addr: None,
+            joined: false,
         }
     }
 }
@@ -302,6 +366,7 @@ pub struct Decoder {
     self_marker: Option<Marker>,
     identity: IdentityConfig,
     arrivals: arrival::Arrivals,
+    tls_servers: TlsServers,
 }
 
 impl Decoder {
@@ -335,6 +400,12 @@ impl Decoder {
             .sum()
     }
 
+    /// Engines (pid, port when known) whose connections were found to be
+    /// TLS since the last call, each once per run.
+    pub fn take_tls_servers(&mut self) -> Vec<(u32, Option<u16>)> {
+        std::mem::take(&mut self.tls_servers.new)
+    }
+
     /// Requests in flight across all connections.
     pub fn in_flight(&self) -> usize {
         self.conns
@@ -364,6 +435,7 @@ impl Decoder {
             self_marker,
             identity,
             arrivals,
+            tls_servers,
         } = self;
         let mut out = Out {
             stats,
@@ -371,6 +443,7 @@ impl Decoder {
             records,
             self_marker: self_marker.as_ref(),
             identity,
+            tls_servers,
         };
         match ev {
             SocketEvent::Open(o) => {
@@ -390,6 +463,10 @@ impl Decoder {
                 };
                 out.stats.connections += 1;
                 let mut conn = Conn::new(o.pid, o.role, server_port, client);
+                if o.joined {
+                    out.stats.joined += 1;
+                    conn.joined = true;
+                }
                 if let (Role::Server, Some(local), Some(peer)) = (o.role, o.local, o.peer) {
                     conn.ledger = Some(arrivals.claim(local.port(), peer, key));
                     conn.addr = Some((local.port(), peer));
@@ -421,11 +498,16 @@ impl Decoder {
                 if d.truncated() {
                     out.stats.truncated_calls += 1;
                 }
-                // Data before (or without) an open event: assume the
-                // common case, a server connection, with unknown addresses.
-                let conn = conns
-                    .entry((d.pid, d.fd))
-                    .or_insert_with(|| Conn::new(d.pid, Role::Server, None, None));
+                // Data before (or without) an open event: a connection
+                // open before the agent. Assume the common case, a server
+                // connection, with unknown addresses, joined mid-way.
+                let conn = conns.entry((d.pid, d.fd)).or_insert_with(|| {
+                    out.stats.joined += 1;
+                    Conn {
+                        joined: true,
+                        ..Conn::new(d.pid, Role::Server, None, None)
+                    }
+                });
                 on_data(conn, d, &mut out);
             }
         }
@@ -442,6 +524,7 @@ impl Decoder {
             records,
             self_marker: self.self_marker.as_ref(),
             identity: &self.identity,
+            tls_servers: &mut self.tls_servers,
         };
         for k in keys {
             if let Some(Conn {
@@ -471,9 +554,23 @@ fn on_data(conn: &mut Conn, d: &DataEvent, out: &mut Out<'_>) {
         Proto::Sniffing(s) => match s.look(conn.info.request_dir(), d) {
             Sniffed::Wait => Flow::Continue,
             Sniffed::Http2 => Flow::Unsupported,
+            Sniffed::Tls => Flow::Tls,
             Sniffed::Http1 => {
                 let (held, len, first_ns) = (s.held, s.len, s.first_ns);
-                let mut h = Http1Conn::default();
+                // A joined connection whose held bytes (`P`) and this call's
+                // start a request line together is in step already.
+                let resynced = len > 0 && {
+                    let mut start = held[..len].to_vec();
+                    if d.dir == conn.info.request_dir() {
+                        start.extend_from_slice(&d.data[..d.data.len().min(16)]);
+                    }
+                    http1::head::looks_like_request(&start)
+                };
+                let mut h = if conn.joined && !resynced {
+                    Http1Conn::joining()
+                } else {
+                    Http1Conn::default()
+                };
                 let mut flow = Flow::Continue;
                 if len > 0 {
                     // The held bytes were written first, at their own time.
@@ -507,9 +604,22 @@ fn on_data(conn: &mut Conn, d: &DataEvent, out: &mut Out<'_>) {
             }
         },
     };
-    if flow == Flow::Unsupported {
-        out.stats.unsupported_protocol += 1;
+    if flow != Flow::Continue {
         conn.proto = Proto::Unsupported;
+        // Its later bytes are never read: their arrivals need no keeping.
+        conn.ledger = None;
+        let served = conn.info.role == Role::Server;
+        if flow == Flow::Tls {
+            out.stats.tls += 1;
+        }
+        // An engine's own outgoing HTTPS (model downloads, usage reports)
+        // is expected and not a measurement failure: only `tls` counts it.
+        if flow == Flow::Unsupported || served {
+            out.stats.unsupported_protocol += 1;
+        }
+        if flow == Flow::Tls && served {
+            out.tls_server(conn.info.pid, conn.info.server_port);
+        }
     }
     // While the sniffer still holds this call's bytes, the ledger keeps
     // them unread.
@@ -541,6 +651,7 @@ mod tests {
             role,
             local: Some("127.0.0.1:8000".parse().unwrap()),
             peer: Some("127.0.0.1:40000".parse().unwrap()),
+            joined: false,
         })
     }
 
@@ -733,6 +844,206 @@ mod tests {
         assert!(out.is_empty());
         assert_eq!(d.stats.unsupported_protocol, 0);
         assert_eq!(d.buffered_bytes(), 0);
+    }
+
+    #[test]
+    fn a_connection_joined_mid_stream_is_not_a_decode_error_and_its_next_request_is_recorded() {
+        let req = b"POST /v1/chat/completions HTTP/1.1\r\nHost: e\r\nContent-Type: application/json\r\nContent-Length: 27\r\n\r\n{\"model\":\"m\",\"stream\":true}";
+        let head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n";
+        let sse = |t: &str| {
+            let ev = format!(
+                "data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{t}\"}}}}]}}\n\n"
+            );
+            format!("{:x}\r\n{ev}\r\n", ev.len()).into_bytes()
+        };
+        // Whichever way the agent joins: in a response's stream (the
+        // engine writing), mid-way through a request's body, or right
+        // after a response's head; the connection found open at start-up
+        // (an open event saying so) or known only by its data.
+        let found_open = SocketEvent::Open(OpenEvent {
+            joined: true,
+            ..match open(Role::Server) {
+                SocketEvent::Open(o) => o,
+                _ => unreachable!(),
+            }
+        });
+        let firsts = [sse("mid"), b"\"stream\":true}".to_vec(), head.to_vec()];
+        for (first, with_open) in firsts.iter().flat_map(|f| [(f, false), (f, true)]) {
+            let dir = if first.starts_with(b"\"") {
+                Dir::In
+            } else {
+                Dir::Out
+            };
+            let evs = [
+                found_open.clone(),
+                data(0, dir, first),
+                data(1, Dir::Out, &sse("more")),
+                data(2, Dir::Out, b"0\r\n\r\n"),
+                // The next request on the kept-alive connection.
+                data(10, Dir::In, req),
+                data(11, Dir::Out, head),
+                data(20, Dir::Out, &sse("a")),
+                data(25, Dir::Out, &sse("b")),
+                data(26, Dir::Out, b"0\r\n\r\n"),
+                close(30),
+            ];
+            let (d, out) = run(&evs[usize::from(!with_open)..]);
+            assert_eq!(d.stats.desyncs, 0, "joined at {first:?}");
+            assert_eq!(d.stats.orphan_responses, 0);
+            assert_eq!(d.stats.joined, 1);
+            assert_eq!(out.len(), 1, "{out:#?}");
+            let r = &out[0].record;
+            assert_eq!(r.path, "/v1/chat/completions");
+            assert_eq!(r.error_type, None);
+            assert_eq!(out[0].content_events, 2);
+            assert!((r.ttft_s.unwrap() - 0.010).abs() < 1e-9, "{r:?}");
+        }
+    }
+
+    #[test]
+    fn a_joined_connection_whose_next_request_line_starts_with_a_lone_p_is_recorded() {
+        // `P` alone could begin the HTTP/2 preface, so the sniffer holds it;
+        // with the next read it starts a request line.
+        let found_open = SocketEvent::Open(OpenEvent {
+            joined: true,
+            ..match open(Role::Server) {
+                SocketEvent::Open(o) => o,
+                _ => unreachable!(),
+            }
+        });
+        let (d, out) = run(&[
+            found_open,
+            data(1, Dir::In, b"P"),
+            data(
+                2,
+                Dir::In,
+                b"OST /v1/completions HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}",
+            ),
+            data(
+                3,
+                Dir::Out,
+                b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}",
+            ),
+        ]);
+        assert_eq!(out.len(), 1, "{out:#?}");
+        assert_eq!(out[0].record.path, "/v1/completions");
+        // Not "OST": the resync must not start at the second read.
+        assert_eq!(out[0].record.method, "POST");
+        assert_eq!(out[0].record.status, Some(200));
+        assert_eq!(d.stats.desyncs, 0);
+        assert_eq!(d.stats.joined, 1);
+    }
+
+    /// A TLS record of `kind` (22 handshake, 23 application data) holding
+    /// `len` bytes of (pretend) ciphertext.
+    fn tls_record(kind: u8, len: u16) -> Vec<u8> {
+        let mut r = vec![kind, 3, 3];
+        r.extend_from_slice(&len.to_be_bytes());
+        r.extend((0..len).map(|i| (i as u8).wrapping_mul(151).wrapping_add(7)));
+        r
+    }
+
+    #[test]
+    fn tls_records_are_told_from_http() {
+        let hello = [&[22u8, 3, 1, 0, 40][..], &tls_record(22, 40)[5..]].concat();
+        assert!(looks_like_tls(&hello));
+        // A library reading the 5-byte header first, then the body.
+        assert!(looks_like_tls(&tls_record(23, 300)[..5]));
+        // Several records, the last one cut short by the read.
+        let two = [tls_record(23, 30), tls_record(23, 500)].concat();
+        assert!(looks_like_tls(&two[..200]));
+        for not in [
+            &b"POST /v1/chat/completions HTTP/1.1\r\n"[..],
+            b"HTTP/1.1 200 OK\r\n",
+            b"data: {}\n\n",
+            &HTTP2_PREFACE[..],
+            &[23, 3, 3, 0],          // no whole header
+            &[23, 3, 3, 0, 0],       // an empty record
+            &[23, 2, 0, 0, 9],       // not version 3.x
+            &[23, 3, 9, 0, 9],       // no TLS 3.9
+            &[25, 3, 3, 0, 9],       // no such content type
+            &[23, 3, 3, 0x48, 0x01], // longer than any record
+        ] {
+            assert!(!looks_like_tls(not), "{not:?}");
+        }
+        // The second header must be a record header too.
+        let bad_next = [tls_record(23, 4), b"GET / HTTP/1.1\r\n".to_vec()].concat();
+        assert!(!looks_like_tls(&bad_next));
+    }
+
+    #[test]
+    fn a_tls_connection_is_unsupported_not_a_decode_error_and_its_engine_named_once() {
+        let conversation = |ms: u64| {
+            [
+                open(Role::Server),
+                data(ms, Dir::In, &tls_record(22, 200)),
+                data(ms + 1, Dir::Out, &tls_record(22, 90)),
+                data(ms + 2, Dir::In, &tls_record(23, 300)),
+                data(ms + 3, Dir::Out, &tls_record(23, 700)),
+                close(ms + 4),
+            ]
+        };
+        let mut d = Decoder::new();
+        let mut out = vec![];
+        for e in conversation(0).iter().chain(&conversation(10)) {
+            d.on_event(e, &mut out);
+        }
+        assert!(out.is_empty());
+        assert_eq!(d.stats.tls, 2);
+        assert_eq!(d.stats.unsupported_protocol, 2);
+        assert_eq!((d.stats.desyncs, d.stats.orphan_responses), (0, 0));
+        assert_eq!(d.take_tls_servers(), vec![(7, Some(8000))]);
+        assert_eq!(d.take_tls_servers(), vec![], "named once");
+    }
+
+    #[test]
+    fn an_engines_own_outgoing_tls_counts_only_as_tls_and_names_no_engine() {
+        let (mut d, out) = run(&[
+            open(Role::Client),
+            data(0, Dir::Out, &tls_record(22, 200)),
+            data(1, Dir::In, &tls_record(22, 90)),
+            close(2),
+        ]);
+        assert!(out.is_empty());
+        assert_eq!((d.stats.tls, d.stats.unsupported_protocol), (1, 0));
+        assert_eq!(d.take_tls_servers(), vec![]);
+    }
+
+    #[test]
+    fn a_desynced_plaintext_connection_is_not_taken_for_tls() {
+        let req = b"POST /v1/completions HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}";
+        let (d, out) = run(&[
+            open(Role::Server),
+            data(0, Dir::In, b"BREW coffee\x01\r\n\r\n"),
+            // Body bytes that happen to look like a TLS record.
+            data(1, Dir::In, &tls_record(23, 10)),
+            data(2, Dir::In, req),
+            data(
+                3,
+                Dir::Out,
+                b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}",
+            ),
+        ]);
+        assert_eq!(d.stats.desyncs, 1);
+        assert_eq!((d.stats.tls, d.stats.unsupported_protocol), (0, 0));
+        assert_eq!(out.len(), 1, "{out:#?}");
+        assert_eq!(out[0].record.path, "/v1/completions");
+    }
+
+    #[test]
+    fn a_tls_connection_joined_mid_record_is_found_at_its_next_whole_record() {
+        // The agent's first sight of it is the rest of a record (no header);
+        // the next call holds whole records.
+        let rest = &tls_record(23, 300)[100..];
+        for first_dir in [Dir::In, Dir::Out] {
+            let (d, out) = run(&[
+                data(0, first_dir, rest),
+                data(1, Dir::Out, &tls_record(23, 500)),
+                data(2, Dir::In, &tls_record(23, 80)),
+            ]);
+            assert!(out.is_empty());
+            assert_eq!((d.stats.tls, d.stats.joined, d.stats.desyncs), (1, 1, 0));
+        }
     }
 
     #[test]

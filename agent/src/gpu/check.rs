@@ -24,9 +24,12 @@ pub fn run(
     secs: f64,
     pid: Option<u32>,
 ) -> Result<()> {
-    let mut sampler = Sampler::new(SamplerConfig::new(library, interval));
-    if let Availability::Unavailable { .. } = sampler.status().availability {
-        bail!("NVML is not available (the line above says why)");
+    let mut sampler = Sampler::new(SamplerConfig {
+        one_shot: true,
+        ..SamplerConfig::new(library, interval)
+    });
+    if let Availability::Unavailable { reason } = sampler.status().availability {
+        bail!("NVML is not available: {reason}");
     }
     println!(
         "{:>6} {:<42} {:>6} {:>6} {:>14} {:>8} {:>10} {:>6}  processes (pid:MiB)",

@@ -74,6 +74,10 @@ pub struct SamplerConfig {
     pub interval: Duration,
     /// Time between initialisation attempts while NVML is unavailable.
     pub retry_interval: Duration,
+    /// One look, no retries (`gpu-check`): a failed initialisation is not
+    /// printed, only kept as the status's reason, without the promise to
+    /// retry (later notices, such as a GPU lost, are printed as usual).
+    pub one_shot: bool,
 }
 
 impl SamplerConfig {
@@ -83,6 +87,7 @@ impl SamplerConfig {
             library,
             interval,
             retry_interval: DEFAULT_RETRY_INTERVAL,
+            one_shot: false,
         }
     }
 }
@@ -222,12 +227,17 @@ impl Sampler {
                 self.reason = None;
             }
             Err(e) => {
-                let reason = format!(
-                    "GPU metrics off: {}; requests are still measured; retrying every {}",
-                    init_cause(&lib.to_string_lossy(), &e),
+                let cause = init_cause(&lib.to_string_lossy(), &e);
+                if self.cfg.one_shot {
+                    // The caller reports it (status), once, its own way.
+                    self.nvml = None;
+                    self.reason = Some(cause);
+                    return;
+                }
+                self.unavailable(format!(
+                    "GPU metrics off: {cause}; requests are still measured; retrying every {}",
                     humantime::format_duration(self.cfg.retry_interval)
-                );
-                self.unavailable(reason);
+                ));
             }
         }
     }
@@ -805,6 +815,7 @@ mod tests {
             library: Some(dir.join("libnvidia-ml.so.1")),
             interval: Duration::from_millis(10),
             retry_interval: Duration::from_secs(3600),
+            one_shot: false,
         });
         assert_eq!(s.sample(1), None);
         let st = s.status();

@@ -23,8 +23,13 @@ pub struct Health {
     /// Connections whose bytes stopped making sense as HTTP.
     pub decode_errors: AtomicU64,
     /// Connections speaking a protocol the decoder does not follow (HTTP/2,
-    /// a `101 Switching Protocols` upgrade).
+    /// TLS, a `101 Switching Protocols` upgrade).
     pub unsupported_protocol: AtomicU64,
+    /// Of those, connections carrying TLS (ciphertext).
+    pub tls: AtomicU64,
+    /// Connections joined mid-way (open before the agent saw them open):
+    /// decoded from their next request on.
+    pub joined: AtomicU64,
     pub connections: AtomicI64,
     pub in_flight: AtomicI64,
     /// OTLP exports that failed (bumped by the metrics sink's exporter).
@@ -34,6 +39,12 @@ pub struct Health {
     /// Requests the agent made itself (engine /metrics scrapes), seen in
     /// the capture and not recorded.
     pub self_requests: AtomicU64,
+    /// Timeline events over the ceiling, folded (`max_events_per_minute`).
+    pub events_folded: AtomicU64,
+    /// Requests on an engine's port that are not LLM requests (probes,
+    /// scrapes, model listings: [`crate::record::Finished::non_llm_route`]);
+    /// exported by route class as `tokentap.http.requests`.
+    pub non_llm_requests: AtomicU64,
     /// Engine /metrics scrapes that failed (timeouts, refused, errors).
     pub scrape_failures: AtomicU64,
     /// Milliseconds since the agent started, at the main loop's last pass
@@ -52,11 +63,15 @@ pub struct HealthSnapshot {
     pub dropped: u64,
     pub decode_errors: u64,
     pub unsupported_protocol: u64,
+    pub tls: u64,
+    pub joined: u64,
     pub connections: i64,
     pub in_flight: i64,
     pub export_failures: u64,
     pub attribute_overflow: u64,
     pub self_requests: u64,
+    pub events_folded: u64,
+    pub non_llm_requests: u64,
     pub scrape_failures: u64,
 }
 
@@ -96,6 +111,8 @@ impl Health {
         self.decode_errors.store(decode.desyncs, Relaxed);
         self.unsupported_protocol
             .store(decode.unsupported_protocol, Relaxed);
+        self.tls.store(decode.tls, Relaxed);
+        self.joined.store(decode.joined, Relaxed);
         self.in_flight.store(in_flight as i64, Relaxed);
     }
 
@@ -105,11 +122,15 @@ impl Health {
             dropped: self.dropped.load(Relaxed),
             decode_errors: self.decode_errors.load(Relaxed),
             unsupported_protocol: self.unsupported_protocol.load(Relaxed),
+            tls: self.tls.load(Relaxed),
+            joined: self.joined.load(Relaxed),
             connections: self.connections.load(Relaxed),
             in_flight: self.in_flight.load(Relaxed),
             export_failures: self.export_failures.load(Relaxed),
             attribute_overflow: self.attribute_overflow.load(Relaxed),
             self_requests: self.self_requests.load(Relaxed),
+            events_folded: self.events_folded.load(Relaxed),
+            non_llm_requests: self.non_llm_requests.load(Relaxed),
             scrape_failures: self.scrape_failures.load(Relaxed),
         }
     }
@@ -124,6 +145,9 @@ impl HealthSnapshot {
         );
         if self.unsupported_protocol > 0 {
             s += &format!(" unsupported protocol {}", self.unsupported_protocol);
+            if self.tls > 0 {
+                s += &format!(" (TLS {})", self.tls);
+            }
         }
         if self.export_failures > 0 {
             s += &format!(" export failures {}", self.export_failures);

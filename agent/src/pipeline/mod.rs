@@ -36,15 +36,22 @@ use crate::{
     decode::Decoder,
     event::SocketEvent,
     gpu::{join::ProcSnapshot, stage::GpuStage, types::GpuSample},
-    record::Finished,
+    record::{Finished, RouteClass},
 };
 
 pub use self::plan::{resolve, RunPlan};
 
 /// An output of finished requests (and of periodic state).
 pub trait Sink {
-    /// One finished, enriched request.
+    /// One finished, enriched LLM request.
     fn record(&mut self, f: &Finished) -> Result<()>;
+    /// A finished request that is not an LLM request (a probe, a scrape, a
+    /// model listing, an unknown path: [`Finished::non_llm_route`]),
+    /// enriched with the engine's identity. Sinks that count or log such
+    /// traffic override this; nothing LLM-related may see it.
+    fn other_request(&mut self, _f: &Finished, _class: RouteClass) -> Result<()> {
+        Ok(())
+    }
     /// One timeline event (engine, model version, caller, drift, GPU);
     /// sinks that show or export events override this.
     fn event(&mut self, _e: &crate::timeline::Event) -> Result<()> {
@@ -147,6 +154,8 @@ pub struct Pipeline {
     finished: Vec<Finished>,
     ready: Vec<Finished>,
     events: Vec<crate::timeline::Event>,
+    /// LLM requests handed to the sinks.
+    recorded: u64,
 }
 
 impl Pipeline {
@@ -163,6 +172,7 @@ impl Pipeline {
             finished: Vec::new(),
             ready: Vec::new(),
             events: Vec::new(),
+            recorded: 0,
         }
     }
 
@@ -215,6 +225,13 @@ impl Pipeline {
         for ev in events.drain(..) {
             self.decoder.on_event(&ev, &mut self.finished);
         }
+        for (pid, port) in self.decoder.take_tls_servers() {
+            eprintln!(
+                "tokentap: pid {pid}{} speaks TLS: tokentap sees only ciphertext there, so its requests are not measured \
+                 (counted in tokentap.decode.tls); measure where TLS ends (the plaintext side of a terminating proxy or sidecar)",
+                port.map(|p| format!(" on port {p}")).unwrap_or_default()
+            );
+        }
         self.flush_finished()
     }
 
@@ -229,6 +246,16 @@ impl Pipeline {
             for e in &mut self.enrichers {
                 e.enrich(&mut f.record, &self.node);
             }
+            if let Some(class) = f.non_llm_route() {
+                // Identity only: no GPU join, no timeline, no LLM sink.
+                self.health
+                    .non_llm_requests
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                for s in &mut self.sinks {
+                    s.other_request(&f, class)?;
+                }
+                continue;
+            }
             match &mut self.gpu {
                 Some(g) => g.on_finished(f, &mut self.ready),
                 None => self.ready.push(f),
@@ -238,6 +265,7 @@ impl Pipeline {
     }
 
     fn send_ready(&mut self) -> Result<()> {
+        self.recorded += self.ready.len() as u64;
         for f in self.ready.drain(..) {
             for s in &mut self.sinks {
                 s.record(&f)?;
@@ -250,6 +278,11 @@ impl Pipeline {
     }
 
     fn send_events(&mut self) -> Result<()> {
+        if let Some(t) = &self.timeline {
+            self.health
+                .events_folded
+                .store(t.folded(), std::sync::atomic::Ordering::Relaxed);
+        }
         for e in self.events.drain(..) {
             for s in &mut self.sinks {
                 s.event(&e)?;
@@ -348,7 +381,7 @@ impl Pipeline {
             return Err(e);
         }
         Ok(Summary {
-            records: self.decoder.stats.records,
+            records: self.recorded,
             in_flight: self.decoder.in_flight(),
             decode: serde_json::to_string(&self.decoder.stats).unwrap_or_default(),
             health: snap,
@@ -358,6 +391,8 @@ impl Pipeline {
 
 /// What a finished pipeline reports.
 pub struct Summary {
+    /// LLM requests handed to the sinks (the agent's own scrapes and
+    /// non-LLM requests left out).
     pub records: u64,
     /// Requests still in flight when a live run stopped (not recorded).
     pub in_flight: usize,

@@ -32,19 +32,25 @@ pub struct RunFlags {
     /// Capture this inference-server process and the processes it starts
     /// (repeatable). A launcher (shell wrapper, `uv run`, a supervisor)
     /// works: its children are followed.
-    #[arg(long = "pid", value_name = "PID")]
+    #[arg(long = "pid", value_name = "PID", value_parser = clap::value_parser!(u32).range(1..))]
     pub pids: Vec<u32>,
     /// Only server connections on this local port (repeatable). Without
     /// --pid, every process listening on it is captured, in any network
     /// namespace (containers, pods); when nothing listens yet, tokentap
     /// waits for it, and follows an engine that restarts on the port.
-    #[arg(long = "port", value_name = "PORT")]
+    #[arg(long = "port", value_name = "PORT", value_parser = clap::value_parser!(u16).range(1..))]
     pub ports: Vec<u16>,
     /// Append one JSON object per finished request to PATH ("-" for
     /// stdout; the console then goes to stderr). No prompt or completion
     /// text is written. Keys: docs/metrics.md.
     #[arg(long, value_name = "PATH")]
     pub requests_log: Option<PathBuf>,
+    /// Also write requests that are not LLM requests to the request log
+    /// (probes, /metrics scrapes, /v1/models, unknown paths), with
+    /// `operation: null`. Without it they are only counted
+    /// (tokentap.http.requests by route class).
+    #[arg(long)]
+    pub log_all_requests: bool,
     /// Append one JSON object per timeline event to PATH ("-" for stdout):
     /// engine.start/stop, model_version.new/rollout/rollback, caller.new/
     /// surge/error_burst/retry_storm, tokens.drift, gpu.throttle.start/stop,
@@ -58,25 +64,42 @@ pub struct RunFlags {
     #[arg(long)]
     pub no_console: bool,
     /// Sliding window of the console view, in seconds.
-    #[arg(long, value_name = "SECS", default_value_t = 60)]
+    #[arg(long, value_name = "SECS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
     pub console_window: u64,
-    /// Seconds between console updates (default: 1 on a terminal, 10 as
-    /// plain lines otherwise).
-    #[arg(long, value_name = "SECS")]
+    /// Seconds between console updates, at least 0.1 (default: 1 on a
+    /// terminal, 10 as plain lines otherwise).
+    #[arg(long, value_name = "SECS", value_parser = secs_at_least_tenth)]
     pub console_interval: Option<f64>,
-    /// Stop after this many seconds (default: until Ctrl-C / SIGTERM).
-    #[arg(long, value_name = "SECS")]
+    /// Stop after this many seconds, ≥ 0 (default: until Ctrl-C / SIGTERM).
+    #[arg(long, value_name = "SECS", value_parser = secs_at_least_zero)]
     pub duration: Option<f64>,
     /// Export OTLP metrics to this collector (e.g. http://127.0.0.1:4317
-    /// for gRPC, http://127.0.0.1:4318 for HTTP). Without it, metrics are
-    /// exported only when OTEL_EXPORTER_OTLP_ENDPOINT is set.
+    /// for gRPC, http://127.0.0.1:4318 for HTTP; https:// for TLS, checked
+    /// against the system's roots and --otlp-ca-file). Without it, metrics
+    /// are exported only when OTEL_EXPORTER_OTLP_ENDPOINT (or
+    /// OTEL_EXPORTER_OTLP_METRICS_ENDPOINT) is set.
     #[arg(long, value_name = "URL")]
     pub otlp_endpoint: Option<String>,
+    /// CA certificate(s), PEM, that an https:// collector's certificate
+    /// is checked against, besides the system's roots (e.g. a cluster's
+    /// own CA). Default: OTEL_EXPORTER_OTLP_[METRICS_|LOGS_]CERTIFICATE.
+    /// Mutual TLS: OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE and
+    /// OTEL_EXPORTER_OTLP_CLIENT_KEY (PEM files). Also honoured:
+    /// OTEL_EXPORTER_OTLP_COMPRESSION=gzip, OTEL_EXPORTER_OTLP_TIMEOUT
+    /// (ms, default 5000), each with its _METRICS_/_LOGS_ form first.
+    #[arg(long, value_name = "PEM")]
+    pub otlp_ca_file: Option<PathBuf>,
+    /// A header sent with every export, KEY=VALUE (repeatable; value
+    /// percent-decoded), e.g. `authorization=Bearer%20TOKEN`; over the
+    /// same key in OTEL_EXPORTER_OTLP_HEADERS (comma-separated pairs).
+    /// Values are never printed.
+    #[arg(long = "otlp-header", value_name = "KEY=VALUE")]
+    pub otlp_headers: Vec<String>,
     /// OTLP transport: grpc or http/protobuf (default: OTEL_EXPORTER_OTLP_PROTOCOL, else grpc).
     #[arg(long, value_name = "PROTO")]
     pub otlp_protocol: Option<String>,
-    /// Seconds between metric exports.
-    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
+    /// Seconds between metric exports, at least 0.1.
+    #[arg(long, value_name = "SECS", default_value_t = 10.0, value_parser = secs_at_least_tenth)]
     pub export_interval: f64,
     /// Export base-2 exponential histograms instead of the semantic
     /// conventions' explicit buckets.
@@ -85,7 +108,8 @@ pub struct RunFlags {
     /// Distinct model names used as metric attribute values; later ones
     /// are exported as "other" (cardinality cap; the overflow is counted in
     /// tokentap.metrics.attribute_overflow).
-    #[arg(long, value_name = "N", default_value_t = 64)]
+    #[arg(long, value_name = "N", default_value_t = 64,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub max_models: usize,
     /// Take the request's tenant from this header (repeatable; the first
     /// one present wins; any case). Without one, or when none is present,
@@ -97,7 +121,8 @@ pub struct RunFlags {
     /// as metric attribute values; later ones are exported as "other"
     /// (counted in tokentap.metrics.attribute_overflow). The request log
     /// keeps every value.
-    #[arg(long, value_name = "N", default_value_t = 100)]
+    #[arg(long, value_name = "N", default_value_t = 100,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub max_tenants: usize,
     /// Key for `api_key_id` (HMAC-SHA256 of the request's API key; the key
     /// itself is never kept): the bytes of this file. Default: a random
@@ -113,9 +138,9 @@ pub struct RunFlags {
     /// Do not sample GPUs (NVML).
     #[arg(long)]
     pub no_gpu: bool,
-    /// Seconds between GPU samples (fractional; also the granularity of
-    /// per-request GPU utilisation and energy).
-    #[arg(long, value_name = "SECS", default_value_t = 1.0)]
+    /// Seconds between GPU samples, at least 0.1 (fractional; also the
+    /// granularity of per-request GPU utilisation and energy).
+    #[arg(long, value_name = "SECS", default_value_t = 1.0, value_parser = secs_at_least_tenth)]
     pub gpu_interval: f64,
     /// The NVML library to load (default: the system's libnvidia-ml.so.1).
     #[arg(long, value_name = "PATH", env = "TOKENTAP_NVML_LIBRARY")]
@@ -144,20 +169,60 @@ pub struct RunFlags {
     pub kernel: KernelFlags,
 }
 
+/// The most payload bytes one syscall's records can carry.
+const MAX_CALL_BYTES_CAP: i64 =
+    agent_ebpf::CHUNK_BYTES as i64 * agent_ebpf::MAX_RECORDS_PER_CALL as i64;
+
+/// A number of seconds ≥ `min` (finite), for clap: the error names the
+/// range (clap adds the flag, for the command line and the config file
+/// alike).
+fn secs_at_least(s: &str, min: f64) -> Result<f64, String> {
+    let v: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("want a number of seconds ≥ {min}"))?;
+    if !v.is_finite() || v < min {
+        return Err(format!("want a number of seconds ≥ {min}"));
+    }
+    Ok(v)
+}
+
+/// Intervals: at least 0.1 s (a faster pace only costs).
+fn secs_at_least_tenth(s: &str) -> Result<f64, String> {
+    secs_at_least(s, 0.1)
+}
+
+fn secs_at_least_zero(s: &str) -> Result<f64, String> {
+    secs_at_least(s, 0.0)
+}
+
+/// `--ring-buffer-bytes`: a power of two, at least a page.
+fn ring_bytes(s: &str) -> Result<u32, String> {
+    let n: u32 = s
+        .parse()
+        .map_err(|e| format!("{e} (want a number of bytes)"))?;
+    if !n.is_power_of_two() || n < 4096 {
+        return Err(format!("{n} is not a power of two of at least 4096"));
+    }
+    Ok(n)
+}
+
 /// Kernel-side capture settings (shared by `run` and `capture`).
 #[derive(Args, Clone, Debug)]
 pub struct KernelFlags {
     /// Ring buffer between kernel and agent, in bytes (a power of two,
     /// ≥ 4096). When it is full the kernel drops records and counts them;
     /// traced processes never wait.
-    #[arg(long, value_name = "BYTES", default_value_t = 16 << 20)]
+    #[arg(long, value_name = "BYTES", default_value_t = 16 << 20, value_parser = ring_bytes)]
     pub ring_buffer_bytes: u32,
     /// Payload bytes captured per syscall at most (the rest is counted in
-    /// the event's `ret`, not captured). Capped at 1 MiB.
-    #[arg(long, value_name = "BYTES", default_value_t = agent_ebpf::DEFAULT_MAX_CALL_BYTES)]
+    /// the event's `ret`, not captured); 1 to 1048576 (1 MiB).
+    #[arg(long, value_name = "BYTES", default_value_t = agent_ebpf::DEFAULT_MAX_CALL_BYTES,
+          value_parser = clap::value_parser!(u32).range(1..=MAX_CALL_BYTES_CAP))]
     pub max_call_bytes: u32,
-    /// Connections tracked at once at most.
-    #[arg(long, value_name = "N", default_value_t = 65536)]
+    /// Connections tracked at once at most (≥ 1; each costs the kernel a
+    /// few bytes of map space).
+    #[arg(long, value_name = "N", default_value_t = 65536, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_conns: u32,
     /// Do not timestamp request arrival in the kernel's TCP receive path
     /// (`tcp:tcp_probe`): t0 is then the engine's first read of a request,
@@ -239,6 +304,10 @@ pub struct RunPlan {
     pub targeting: Targeting,
     pub capture: CaptureOptions,
     pub requests_log: Option<PathBuf>,
+    /// `--log-all-requests`.
+    pub log_all_requests: bool,
+    /// `--max-tenants`: also the callers the timeline names one by one.
+    pub max_tenants: usize,
     pub events_log: Option<PathBuf>,
     pub console: Option<ConsolePlan>,
     pub metrics: Option<MetricsConfig>,
@@ -291,11 +360,34 @@ impl Env for ProcessEnv {
     }
 }
 
-fn positive_secs(name: &str, v: f64) -> Result<Duration> {
-    if !v.is_finite() || v <= 0.0 {
-        bail!("--{name} must be a positive number of seconds, got {v}");
+/// An interval flag's value (clap checked it: ≥ 0.1 s); checked again for
+/// a `RunFlags` built by hand.
+fn interval(name: &str, v: f64) -> Result<Duration> {
+    if !v.is_finite() || v < 0.1 {
+        bail!("--{name} must be a number of seconds ≥ 0.1, got {v}");
     }
-    Ok(Duration::from_secs_f64(v.max(0.1)))
+    Ok(Duration::from_secs_f64(v))
+}
+
+/// `--tenant-header` values as the decoder wants them: checked to be HTTP
+/// header names, lowercase, first occurrence kept.
+pub fn tenant_header_names(given: &[String]) -> Result<Vec<String>> {
+    let mut out: Vec<String> = vec![];
+    for h in given {
+        let n = h.trim();
+        if n.is_empty()
+            || !n
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+        {
+            bail!("--tenant-header {h:?} is not an HTTP header name");
+        }
+        let n = n.to_ascii_lowercase();
+        if !out.contains(&n) {
+            out.push(n);
+        }
+    }
+    Ok(out)
 }
 
 /// Decides what `run` does from its flags and the environment.
@@ -322,11 +414,11 @@ pub fn resolve(f: &RunFlags, env: &dyn Env) -> Result<RunPlan> {
             Ok(ConsolePlan {
                 table,
                 to_stderr: log_on_stdout,
-                every: positive_secs(
+                every: interval(
                     "console-interval",
                     f.console_interval.unwrap_or(if table { 1.0 } else { 10.0 }),
                 )?,
-                window_s: f.console_window.max(1),
+                window_s: f.console_window,
             })
         })
         .transpose()?;
@@ -339,13 +431,20 @@ pub fn resolve(f: &RunFlags, env: &dyn Env) -> Result<RunPlan> {
             None => OtlpProtocol::Grpc,
         },
     };
-    let export = f.otlp_endpoint.is_some() || env.var("OTEL_EXPORTER_OTLP_ENDPOINT").is_some();
+    // Exporting is on when a collector is named: the flag, or the standard
+    // variables (empty ones are unset, as the OTLP exporter spec says).
+    let named = |k: &str| env.var(k).is_some_and(|v| !v.trim().is_empty());
+    let export = f.otlp_endpoint.is_some()
+        || named("OTEL_EXPORTER_OTLP_ENDPOINT")
+        || named("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT");
     let metrics = export
         .then(|| -> Result<MetricsConfig> {
             Ok(MetricsConfig {
                 endpoint: f.otlp_endpoint.clone(),
+                ca_file: f.otlp_ca_file.clone(),
+                headers: f.otlp_headers.clone(),
                 protocol,
-                interval: positive_secs("export-interval", f.export_interval)?,
+                interval: interval("export-interval", f.export_interval)?,
                 exponential: f.exponential_histograms,
                 max_models: f.max_models,
                 max_tenants: f.max_tenants,
@@ -368,7 +467,7 @@ pub fn resolve(f: &RunFlags, env: &dyn Env) -> Result<RunPlan> {
         .then(|| -> Result<GpuPlan> {
             Ok(GpuPlan {
                 library: f.nvml_library.clone(),
-                interval: positive_secs("gpu-interval", f.gpu_interval)?,
+                interval: interval("gpu-interval", f.gpu_interval)?,
             })
         })
         .transpose()?;
@@ -376,21 +475,7 @@ pub fn resolve(f: &RunFlags, env: &dyn Env) -> Result<RunPlan> {
         .as_ref()
         .filter(|_| !f.no_engine_metrics)
         .map(|m| m.interval.max(Duration::from_secs(1)));
-    let mut tenant_headers: Vec<String> = vec![];
-    for h in &f.tenant_headers {
-        let n = h.trim();
-        if n.is_empty()
-            || !n
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
-        {
-            bail!("--tenant-header {h:?} is not an HTTP header name");
-        }
-        let n = n.to_ascii_lowercase();
-        if !tenant_headers.contains(&n) {
-            tenant_headers.push(n);
-        }
-    }
+    let tenant_headers = tenant_header_names(&f.tenant_headers)?;
     let kube_node = if f.kube_metadata {
         match f.kube_node.as_deref().map(str::trim) {
             Some(n) if !n.is_empty() => Some(n.to_string()),
@@ -415,6 +500,8 @@ pub fn resolve(f: &RunFlags, env: &dyn Env) -> Result<RunPlan> {
         targeting,
         capture,
         requests_log: f.requests_log.clone(),
+        log_all_requests: f.log_all_requests,
+        max_tenants: f.max_tenants,
         events_log: f.events_log.clone(),
         console,
         metrics,
@@ -533,6 +620,60 @@ mod tests {
         v.extend_from_slice(args);
         let Sub::Run(f) = Cli::try_parse_from(v).unwrap().cmd;
         f
+    }
+
+    #[test]
+    fn numbers_that_cannot_work_are_refused_when_parsed_naming_the_flag_and_range() {
+        let err = |args: &[&str]| {
+            let mut v = vec!["tokentap", "run"];
+            v.extend_from_slice(args);
+            match Cli::try_parse_from(v) {
+                Ok(_) => panic!("{args:?} accepted"),
+                Err(e) => e.to_string(),
+            }
+        };
+        for (args, says) in [
+            (&["--port", "0"][..], "--port <PORT>"),
+            (&["--port", "70000"], "--port <PORT>"),
+            (&["--pid", "0"], "--pid <PID>"),
+            (&["--max-call-bytes", "0"], "1..=1048576"),
+            (&["--max-call-bytes", "2000000"], "1..=1048576"),
+            (&["--max-conns", "0"], "--max-conns <N>"),
+            (&["--console-window", "0"], "--console-window <SECS>"),
+            (&["--ring-buffer-bytes", "5000"], "not a power of two"),
+            (&["--ring-buffer-bytes", "2048"], "at least 4096"),
+            (&["--export-interval", "0"], "--export-interval <SECS>"),
+            (&["--export-interval", "0.05"], "≥ 0.1"),
+            (&["--export-interval=-1"], "≥ 0.1"),
+            (&["--export-interval", "NaN"], "≥ 0.1"),
+            (&["--gpu-interval", "0"], "--gpu-interval <SECS>"),
+            (&["--gpu-interval=-2"], "≥ 0.1"),
+            (&["--console-interval", "0"], "--console-interval <SECS>"),
+            (&["--console-window=-1"], "--console-window <SECS>"),
+            (&["--duration=-1"], "≥ 0"),
+            (&["--max-tenants", "0"], "--max-tenants <N>"),
+            (&["--max-models", "0"], "--max-models <N>"),
+        ] {
+            let e = err(args);
+            assert!(e.contains(says), "{args:?}: {e}");
+        }
+        // The edges that work.
+        let f = flags(&[
+            "--port",
+            "65535",
+            "--max-call-bytes",
+            "1048576",
+            "--max-conns",
+            "1",
+            "--console-window",
+            "1",
+            "--ring-buffer-bytes",
+            "4096",
+        ]);
+        assert_eq!(
+            (f.ports[0], f.kernel.max_call_bytes, f.kernel.max_conns),
+            (65535, 1 << 20, 1)
+        );
     }
 
     #[test]
@@ -697,7 +838,13 @@ mod tests {
             .unwrap()
             .gpu
             .is_none());
-        assert!(resolve(&flags(&["--gpu-interval", "0"]), &env(&[], false)).is_err());
+        // Refused when parsed (numbers_that_cannot_work_…), and by resolve
+        // for flags built by hand.
+        let bad = RunFlags {
+            gpu_interval: 0.0,
+            ..flags(&[])
+        };
+        assert!(resolve(&bad, &env(&[], false)).is_err());
     }
 
     #[test]
@@ -742,7 +889,11 @@ mod tests {
             .unwrap()
             .console
             .is_none());
-        assert!(resolve(&flags(&["--console-interval", "0"]), &env(&[], true)).is_err());
+        let bad = RunFlags {
+            console_interval: Some(0.0),
+            ..flags(&[])
+        };
+        assert!(resolve(&bad, &env(&[], true)).is_err());
     }
 
     #[test]
@@ -765,7 +916,23 @@ mod tests {
         .metrics
         .unwrap();
         assert_eq!(m.protocol, OtlpProtocol::HttpProtobuf);
-        assert_eq!(m.endpoint, None, "the SDK reads the env endpoint itself");
+        assert_eq!(
+            m.endpoint, None,
+            "resolved with the signal's variables by metrics.rs"
+        );
+        // The metrics signal's own variable names a collector too; an
+        // empty variable does not.
+        let on = |vars: &[(&'static str, &'static str)]| {
+            resolve(&flags(&[]), &env(vars, false))
+                .unwrap()
+                .metrics
+                .is_some()
+        };
+        assert!(on(&[(
+            "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+            "http://m:4317"
+        )]));
+        assert!(!on(&[("OTEL_EXPORTER_OTLP_ENDPOINT", " ")]));
         let m = resolve(
             &flags(&[
                 "--otlp-endpoint",
@@ -786,10 +953,10 @@ mod tests {
         )
         .unwrap_err();
         assert!(format!("{err}").contains("OTEL_EXPORTER_OTLP_PROTOCOL"));
-        assert!(resolve(
-            &flags(&["--otlp-endpoint", "http://x", "--export-interval=-1"]),
-            &env(&[], false)
-        )
-        .is_err());
+        let bad = RunFlags {
+            export_interval: -1.0,
+            ..flags(&["--otlp-endpoint", "http://x"])
+        };
+        assert!(resolve(&bad, &env(&[], false)).is_err());
     }
 }

@@ -83,10 +83,12 @@ pub fn identity(plan: &IdentityPlan, install_key: &Path) -> Result<IdentityConfi
 /// The live agent.
 pub async fn run(plan: RunPlan) -> Result<()> {
     let id = identity(&plan.identity, Path::new(INSTALL_KEY_PATH))?;
-    let events_cfg = match &plan.identity.rules_file {
+    let mut events_cfg = match &plan.identity.rules_file {
         Some(p) => crate::timeline::Config::load(p)?,
         None => crate::timeline::Config::default(),
     };
+    // The callers with events of their own are those the metrics name.
+    events_cfg.named_callers = plan.max_tenants;
     let health = Arc::new(Health::default());
     if let Some(addr) = plan.health_addr {
         super::healthz::serve(addr, health.clone()).await?;
@@ -106,7 +108,9 @@ pub async fn run(plan: RunPlan) -> Result<()> {
     // Sinks are built before capture starts, so a bad path or endpoint
     // fails before anything is attached.
     if let Some(p) = &plan.requests_log {
-        pipe = pipe.sink(Box::new(RequestLog::create(p)?));
+        pipe = pipe.sink(Box::new(
+            RequestLog::create(p)?.all_requests(plan.log_all_requests),
+        ));
     }
     if let Some(p) = &plan.events_log {
         pipe = pipe.sink(Box::new(crate::timeline::log::EventLog::create(p)?));
@@ -132,20 +136,17 @@ pub async fn run(plan: RunPlan) -> Result<()> {
         extras.engines = Some(states);
         side_tasks.push(Box::new(task));
     }
-    if let Some(g) = &plan.gpu {
-        // NVML on its own thread; without it (no GPU, no driver) it says
-        // why once and retries, and requests are measured as usual.
-        let sampler = sampler::spawn(SamplerConfig::new(g.library.clone(), g.interval));
+    // NVML starts once every sink is built (below), so what it says about
+    // the GPUs never comes before an error in the flags, the config file or
+    // the collector settings.
+    let mut gpu_devices = None;
+    if plan.gpu.is_some() {
         let devices = SharedGpu::default();
         let view = SharedView::default();
         pipe = pipe.gpu(GpuStage::new(view.clone()));
         extras.gpu = Some(view);
         extras.gpu_devices = Some(devices.clone());
-        side_tasks.push(Box::new(GpuTask::new(
-            sampler,
-            devices,
-            plan.capture.proc_root.clone(),
-        )));
+        gpu_devices = Some(devices);
     }
     if let Some(m) = &plan.metrics {
         pipe = pipe.sink(Box::new(Metrics::new(m, health.clone(), extras)?));
@@ -156,6 +157,18 @@ pub async fn run(plan: RunPlan) -> Result<()> {
     let stop = shutdown_signal();
     tokio::pin!(stop);
 
+    if let (Some(g), Some(devices)) = (&plan.gpu, gpu_devices) {
+        // NVML on its own thread; without it (no GPU, no driver) it says
+        // why once and retries, and requests are measured as usual. Started
+        // before the programs load, so its first samples (the engine ↔ GPU
+        // map) are there by the time the agent says it is ready.
+        let sampler = sampler::spawn(SamplerConfig::new(g.library.clone(), g.interval));
+        side_tasks.push(Box::new(GpuTask::new(
+            sampler,
+            devices,
+            plan.capture.proc_root.clone(),
+        )));
+    }
     let mut cap = match Capture::start(&plan.capture) {
         Ok(c) => c,
         // With probes, a kernel that refuses the programs leaves the agent
@@ -211,9 +224,11 @@ pub async fn run(plan: RunPlan) -> Result<()> {
     let stats = src.capture_stats();
     let sum = pipe.shutdown(stats.as_ref())?;
     eprintln!(
-        "tokentap: {} requests recorded, {} still in flight at shutdown (not recorded); capture {}; decode {}",
+        "tokentap: {} requests recorded, {} still in flight at shutdown (not recorded), {} not LLM requests and {} own scrapes (counted, not recorded); capture {}; decode {}",
         sum.records,
         sum.in_flight,
+        sum.health.non_llm_requests,
+        sum.health.self_requests,
         serde_json::to_string(&stats.unwrap_or_default()).unwrap_or_default(),
         sum.decode
     );
@@ -288,25 +303,64 @@ fn run_tasks(
     pipe.gpu_samples()
 }
 
+/// What `replay` writes, and the identity settings it decodes with.
+#[derive(Clone, Debug, Default)]
+pub struct ReplayPlan {
+    pub events: Option<std::path::PathBuf>,
+    pub requests_log: Option<std::path::PathBuf>,
+    /// `--log-all-requests`: non-LLM requests too, `operation: null`.
+    pub log_all_requests: bool,
+    pub events_log: Option<std::path::PathBuf>,
+    /// Tenant headers (lowercase; `plan::tenant_header_names`).
+    pub tenant_headers: Vec<String>,
+    /// The key `api_key_id` is made with; None: no ids (a replay does not
+    /// make or read the node's install key).
+    pub api_key_salt_file: Option<std::path::PathBuf>,
+    /// The agent's config file: its `[[request_type]]` rules and `[events]`
+    /// thresholds apply (its other keys are `run`'s and are ignored).
+    pub config: Option<std::path::PathBuf>,
+}
+
 /// A capture file through the same pipeline (no enrichers that need the
 /// live node: its processes are not this machine's).
-pub async fn replay(
-    file: &Path,
-    events: Option<&Path>,
-    requests_log: Option<&Path>,
-    events_log: Option<&Path>,
-) -> Result<()> {
+pub async fn replay(file: &Path, plan: &ReplayPlan) -> Result<()> {
+    let hasher = match &plan.api_key_salt_file {
+        Some(p) => {
+            let (key, _) = load_key(Some(p), Path::new(INSTALL_KEY_PATH))?;
+            Some(ApiKeyHasher::new(&key)?)
+        }
+        None => None,
+    };
+    let (rules, events_cfg) = match &plan.config {
+        Some(p) => (Rules::load(p)?, crate::timeline::Config::load(p)?),
+        None => (Rules::default(), crate::timeline::Config::default()),
+    };
+    let id = IdentityConfig::new(CallerConfig::new(&plan.tenant_headers, hasher), rules);
+    let (events, requests_log, events_log) = (
+        plan.events.as_deref(),
+        plan.requests_log.as_deref(),
+        plan.events_log.as_deref(),
+    );
+    if events.is_none() && requests_log.is_none() && events_log.is_none() {
+        eprintln!(
+            "tokentap: nothing will be written: give --requests-log PATH (request records), \
+             --events-log PATH (timeline events) or --events PATH (the socket events); \
+             \"-\" is stdout. Checking the file only"
+        );
+    }
     let mut src = EventSource::replay(file)?;
     let mut writer = events.map(Writer::create).transpose()?;
-    let mut pipe = Pipeline::new(Arc::new(Health::default()));
+    let mut pipe = Pipeline::new(Arc::new(Health::default())).identity(id);
     if let Some(p) = requests_log {
-        pipe = pipe.sink(Box::new(RequestLog::create(p)?));
+        pipe = pipe.sink(Box::new(
+            RequestLog::create(p)?.all_requests(plan.log_all_requests),
+        ));
     }
     if let Some(p) = events_log {
         // The records' own clock: the same events as when they were live
-        // (default thresholds).
+        // (the config file's thresholds, else the defaults).
         pipe = pipe
-            .timeline(crate::timeline::Timeline::new(Default::default()), false)
+            .timeline(crate::timeline::Timeline::new(events_cfg), false)
             .sink(Box::new(crate::timeline::log::EventLog::create(p)?));
     }
     let mut batch = Vec::new();
@@ -329,18 +383,18 @@ pub async fn replay(
         w.flush()?;
     }
     let sum = pipe.shutdown(None)?;
-    if requests_log.is_some() {
-        eprintln!(
-            "tokentap: {} requests decoded; decode stats {}",
-            sum.records, sum.decode
-        );
-    }
     for b in src.bad_lines() {
         eprintln!(
             "tokentap: {}:{}: skipped malformed line: {}",
             file.display(),
             b.line_no,
             b.error
+        );
+    }
+    if requests_log.is_some() {
+        eprintln!(
+            "tokentap: {} requests recorded, {} not LLM requests (counted, not recorded); decode stats {}",
+            sum.records, sum.health.non_llm_requests, sum.decode
         );
     }
     eprintln!(

@@ -1,7 +1,12 @@
 //! Abnormal callers: per tenant (else caller — the peer, or its pod), in
 //! fixed windows of `window_s`:
 //!
-//! - `caller.new`: the first request of a tenant or caller;
+//! - `caller.new`: the first request of a tenant or caller — for the named
+//!   ones (the first `named_callers` tenants, and callers, seen: the values
+//!   the metrics carry by name under `--max-tenants`); callers beyond them
+//!   are summed up in one `caller.new` per window (how many, the busiest
+//!   few) and are not judged for what follows, so that thousands of end
+//!   users make a handful of events, not thousands;
 //! - `caller.surge`: a window with ≥ `surge_factor` × the caller's own
 //!   baseline (an exponential moving average of its requests per window,
 //!   idle windows included, judged after `warmup_windows`) and
@@ -21,7 +26,7 @@
 //! the caller's mean concurrency and TTFT p95 in the window, the node's
 //! requests in flight, and the mean GPU utilisation of its requests.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::{kind, round4, Config, Event};
 use crate::record::Finished;
@@ -109,6 +114,17 @@ pub struct Callers {
     next_to_close: Option<u64>,
     /// Callers not tracked (over `max_callers`).
     pub untracked: u64,
+    /// Tenants, and callers, with events of their own (at most
+    /// `named_callers` of each).
+    named_tenants: HashSet<String>,
+    named_callers: HashSet<String>,
+    /// Callers beyond the named ones: the window each was first seen in
+    /// (by a hash of its key; at most `max_callers`, forgotten like the
+    /// named ones after a day idle).
+    unnamed_first: HashMap<u64, (u64, u64)>,
+    /// Per open window, the callers beyond the named ones first seen in
+    /// it, with their requests in it (the summary `caller.new`).
+    new_unnamed: BTreeMap<u64, HashMap<String, u32>>,
     /// The node's requests in flight at the latest tick.
     in_flight: usize,
 }
@@ -150,7 +166,72 @@ impl Callers {
             open: BTreeMap::new(),
             next_to_close: None,
             untracked: 0,
+            named_tenants: HashSet::new(),
+            named_callers: HashSet::new(),
+            unnamed_first: HashMap::new(),
+            new_unnamed: BTreeMap::new(),
             in_flight: 0,
+        }
+    }
+
+    /// Whether `name` gets events of its own: already named, or one of the
+    /// first `named_callers` of its attribute.
+    fn named(&mut self, attr: &'static str, name: &str) -> bool {
+        let set = if attr == "tokentap.tenant" {
+            &mut self.named_tenants
+        } else {
+            &mut self.named_callers
+        };
+        if set.contains(name) {
+            return true;
+        }
+        if set.len() < self.cfg.named_callers {
+            set.insert(name.to_string());
+            return true;
+        }
+        false
+    }
+
+    /// Whether the request's tenant (else caller) is a named one (after
+    /// [`Self::on_record`] saw it): only those get per-caller events of the
+    /// other detectors (token drift).
+    pub fn names(&self, f: &Finished) -> bool {
+        match subject(f) {
+            Some(("tokentap.tenant", n)) => self.named_tenants.contains(n),
+            Some((_, n)) => self.named_callers.contains(n),
+            None => false,
+        }
+    }
+
+    /// A request of a caller beyond the named ones: counted for its
+    /// window's summary when the caller is new in that window.
+    fn unnamed(&mut self, key: &str, attr: &'static str, name: &str, idx: u64) {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        key.hash(&mut h);
+        let h = h.finish();
+        let room = self.unnamed_first.len() < self.cfg.max_callers;
+        let first = match self.unnamed_first.get_mut(&h) {
+            Some((first, last)) => {
+                *last = idx;
+                *first
+            }
+            None if room => {
+                self.unnamed_first.insert(h, (idx, idx));
+                idx
+            }
+            None => {
+                self.untracked += 1;
+                return;
+            }
+        };
+        if first == idx {
+            *self
+                .new_unnamed
+                .entry(idx)
+                .or_default()
+                .entry(who(attr, name))
+                .or_default() += 1;
         }
     }
 
@@ -165,6 +246,10 @@ impl Callers {
             // open one.
             Some(n) => idx = idx.max(n),
             None => self.next_to_close = Some(idx),
+        }
+        if !self.callers.contains_key(&key) && !self.named(attr, name) {
+            self.unnamed(&key, attr, name, idx);
+            return;
         }
         let ctx = Context {
             provider: f.provider.clone(),
@@ -280,7 +365,13 @@ impl Callers {
         let Some(mut next) = self.next_to_close else {
             return;
         };
-        let last = self.open.keys().next_back().copied().unwrap_or(next);
+        let last = self
+            .open
+            .keys()
+            .next_back()
+            .copied()
+            .max(self.new_unnamed.keys().next_back().copied())
+            .unwrap_or(next);
         while next <= last {
             self.close(next, out);
             next += 1;
@@ -442,10 +533,44 @@ impl Callers {
             }
             c.windows = c.windows.saturating_add(1);
         }
+        if let Some(m) = self.new_unnamed.remove(&idx) {
+            out.push(unnamed_summary(ts, m, cfg));
+        }
         let evict = self.evict_windows;
         self.callers
             .retain(|_, c| c.last_active_window + evict >= idx);
+        self.unnamed_first
+            .retain(|_, (_, last)| *last + evict >= idx);
     }
+}
+
+/// Callers that show in the summary's message and `top_callers`.
+const SUMMARY_TOP: usize = 5;
+
+/// One `caller.new` for the callers beyond the named ones first seen in a
+/// window: how many, and the busiest few (by requests in the window).
+fn unnamed_summary(ts: u64, m: HashMap<String, u32>, cfg: &Config) -> Event {
+    let n = m.len();
+    let requests: u64 = m.values().map(|&r| r as u64).sum();
+    let mut top: Vec<(String, u32)> = m.into_iter().collect();
+    top.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    top.truncate(SUMMARY_TOP);
+    let list: Vec<String> = top.iter().map(|(w, r)| format!("{w} ({r})")).collect();
+    Event::new(
+        ts,
+        kind::CALLER_NEW,
+        format!(
+            "{n} new callers beyond the {} named ones in {} s ({requests} requests; in metrics as \"other\"); busiest: {}",
+            cfg.named_callers,
+            cfg.window_s,
+            list.join(", ")
+        ),
+    )
+    .with("summary", true)
+    .with("new_callers", n as u64)
+    .with("requests", requests)
+    .with("window_s", cfg.window_s)
+    .with("top_callers", list)
 }
 
 fn error_counts(e: &[u32; 4]) -> serde_json::Value {

@@ -71,6 +71,18 @@ pub struct Config {
     /// holds a few hundred bytes, each drift key ~2 kB); later ones are not
     /// judged (the first caller over the limit is said once on stderr).
     pub max_callers: usize,
+    /// Tenants (and separately callers) that get events of their own: the
+    /// first this many seen, as the metrics' `--max-tenants` cap names
+    /// them (set from `--max-tenants`, not a key of the table). Callers
+    /// beyond them are summed up in one `caller.new` per window and are
+    /// not judged for surges, error bursts or retry storms.
+    #[serde(skip)]
+    pub named_callers: usize,
+    /// The events log's ceiling: events per minute at most (of their own
+    /// clock); beyond it events are folded — counted by kind in one
+    /// `events.folded` event when the minute ends, and in
+    /// `tokentap.events.folded`.
+    pub max_events_per_minute: u32,
 }
 
 impl Default for Config {
@@ -95,6 +107,8 @@ impl Default for Config {
             gpu_throttle_samples: 3,
             gpu_memory_high: 0.95,
             max_callers: 10_000,
+            named_callers: 100,
+            max_events_per_minute: 120,
         }
     }
 }
@@ -180,6 +194,7 @@ impl Config {
             ("drift_baseline_requests", self.drift_baseline_requests),
             ("drift_window_requests", self.drift_window_requests),
             ("gpu_throttle_samples", self.gpu_throttle_samples),
+            ("max_events_per_minute", self.max_events_per_minute),
         ];
         for (k, v) in counts {
             if v == 0 {

@@ -34,6 +34,8 @@ pub mod otlp;
 #[cfg(test)]
 mod tests;
 
+use std::collections::BTreeMap;
+
 use serde::Serialize;
 use serde_json::{Map, Value};
 
@@ -59,8 +61,10 @@ pub mod kind {
     pub const GPU_THROTTLE_START: &str = "gpu.throttle.start";
     pub const GPU_THROTTLE_STOP: &str = "gpu.throttle.stop";
     pub const GPU_MEMORY_HIGH: &str = "gpu.memory.high";
+    /// The events over the log's ceiling in a minute, counted by kind.
+    pub const EVENTS_FOLDED: &str = "events.folded";
     /// Every kind, in the order docs/metrics.md lists them.
-    pub const ALL: [&str; 13] = [
+    pub const ALL: [&str; 14] = [
         ENGINE_START,
         ENGINE_STOP,
         MODEL_VERSION_NEW,
@@ -74,6 +78,7 @@ pub mod kind {
         GPU_THROTTLE_START,
         GPU_THROTTLE_STOP,
         GPU_MEMORY_HIGH,
+        EVENTS_FOLDED,
     ];
 }
 
@@ -161,6 +166,76 @@ pub(crate) fn round4(x: f64) -> f64 {
     (x * 10_000.0).round() / 10_000.0
 }
 
+/// The events' ceiling: at most `max` per minute of their own clock; the
+/// rest is folded, and said in one `events.folded` event (by kind) when a
+/// later event or tick passes the minute.
+struct Ceiling {
+    max: u32,
+    /// The minute being counted (ts / 60 s) and its events so far.
+    minute: u64,
+    n: u32,
+    /// Folded in that minute, by kind.
+    folded: BTreeMap<&'static str, u64>,
+    /// Folded since the start.
+    total_folded: u64,
+}
+
+const MINUTE_NS: u64 = 60_000_000_000;
+
+impl Ceiling {
+    /// Applies the ceiling to `out[start..]` (the events just made), in
+    /// place; `now_ns` closes past minutes.
+    fn apply(&mut self, out: &mut Vec<Event>, start: usize, now_ns: u64) {
+        let new: Vec<Event> = out.drain(start..).collect();
+        for e in new {
+            self.roll(e.ts_ns / MINUTE_NS, out);
+            if self.n < self.max {
+                self.n += 1;
+                out.push(e);
+            } else {
+                *self.folded.entry(e.kind).or_default() += 1;
+                self.total_folded += 1;
+            }
+        }
+        self.roll(now_ns / MINUTE_NS, out);
+    }
+
+    /// Moves to `minute` (never back), saying what the minute before folded.
+    fn roll(&mut self, minute: u64, out: &mut Vec<Event>) {
+        if minute <= self.minute {
+            return;
+        }
+        if !self.folded.is_empty() {
+            let folded = std::mem::take(&mut self.folded);
+            let total: u64 = folded.values().sum();
+            let by_kind: Map<String, Value> = folded
+                .iter()
+                .map(|(k, n)| (k.to_string(), Value::from(*n)))
+                .collect();
+            out.push(
+                Event::new(
+                    (self.minute + 1) * MINUTE_NS,
+                    kind::EVENTS_FOLDED,
+                    format!(
+                        "{total} events over the ceiling of {} per minute folded: {}",
+                        self.max,
+                        folded
+                            .iter()
+                            .map(|(k, n)| format!("{k} ×{n}"))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                )
+                .with("folded", total)
+                .with("folded_by_kind", Value::Object(by_kind))
+                .with("max_events_per_minute", self.max),
+            );
+        }
+        self.minute = minute;
+        self.n = 0;
+    }
+}
+
 /// All detectors, fed by the pipeline.
 pub struct Timeline {
     models: engines::Models,
@@ -170,6 +245,7 @@ pub struct Timeline {
     gpu: gpu::Gpus,
     /// The detectors' clock: the latest time seen (record end or tick).
     now_ns: u64,
+    ceiling: Ceiling,
 }
 
 impl Timeline {
@@ -181,16 +257,32 @@ impl Timeline {
             drift: drift::Drift::new(&cfg),
             gpu: gpu::Gpus::new(&cfg),
             now_ns: 0,
+            ceiling: Ceiling {
+                max: cfg.max_events_per_minute,
+                minute: 0,
+                n: 0,
+                folded: BTreeMap::new(),
+                total_folded: 0,
+            },
         }
+    }
+
+    /// Events folded by the ceiling since the start.
+    pub fn folded(&self) -> u64 {
+        self.ceiling.total_folded
     }
 
     /// A finished, enriched request.
     pub fn on_record(&mut self, f: &Finished, out: &mut Vec<Event>) {
+        let start = out.len();
         let end = f.t0_ns + (f.duration_s.unwrap_or(0.0) * 1e9) as u64;
         self.advance(end, None, out);
         self.models.on_record(f, end, out);
         self.callers.on_record(f, end, out);
-        self.drift.on_record(f, end, out);
+        if self.callers.names(f) {
+            self.drift.on_record(f, end, out);
+        }
+        self.ceiling.apply(out, start, self.now_ns);
     }
 
     /// A pipeline tick (live runs only): engines that started or stopped,
@@ -202,18 +294,26 @@ impl Timeline {
         in_flight: usize,
         out: &mut Vec<Event>,
     ) {
+        let start = out.len();
         self.engines.on_tick(now_ns.max(self.now_ns), node, out);
         self.advance(now_ns, Some(in_flight), out);
+        self.ceiling.apply(out, start, self.now_ns);
     }
 
     /// A GPU sample (`node` names the engines on each device).
     pub fn on_gpu_sample(&mut self, s: &GpuSample, node: &NodeState, out: &mut Vec<Event>) {
+        let start = out.len();
         self.gpu.on_sample(s, node, out);
+        self.ceiling.apply(out, start, self.now_ns);
     }
 
-    /// End of input: windows still open are judged.
+    /// End of input: windows still open are judged, and what the last
+    /// minute folded is said.
     pub fn finish(&mut self, out: &mut Vec<Event>) {
+        let start = out.len();
         self.callers.close_all(out);
+        self.ceiling.apply(out, start, self.now_ns);
+        self.ceiling.roll(u64::MAX, out);
     }
 
     fn advance(&mut self, t: u64, in_flight: Option<usize>, out: &mut Vec<Event>) {

@@ -14,12 +14,11 @@ use std::{
     time::{Duration, UNIX_EPOCH},
 };
 
-use anyhow::{Context as _, Result};
+use anyhow::Result;
 use opentelemetry::{
     logs::{AnyValue, LogRecord as _, Logger as _, LoggerProvider as _, Severity},
     Key,
 };
-use opentelemetry_otlp::{Protocol, WithExportConfig};
 use opentelemetry_sdk::{
     error::OTelSdkResult,
     logs::{LogBatch, LogExporter, SdkLogger, SdkLoggerProvider},
@@ -28,10 +27,7 @@ use opentelemetry_sdk::{
 use serde_json::Value;
 
 use super::Event;
-use crate::{
-    metrics::{MetricsConfig, OtlpProtocol},
-    pipeline::health::Health,
-};
+use crate::pipeline::health::Health;
 
 /// The log exporter, with failures counted in `tokentap.export.failures`
 /// and said once per outage (a Collector without a `logs` pipeline
@@ -42,6 +38,8 @@ struct Counted<E> {
     inner: E,
     health: Arc<Health>,
     failing: AtomicBool,
+    /// The HTTP client's last failure (OTLP/HTTP only).
+    cause: Option<crate::otlp::LastCause>,
 }
 
 impl<E: LogExporter> LogExporter for Counted<E> {
@@ -57,7 +55,8 @@ impl<E: LogExporter> LogExporter for Counted<E> {
                 self.health.export_failures.fetch_add(1, Ordering::Relaxed);
                 if !self.failing.swap(true, Ordering::Relaxed) {
                     eprintln!(
-                        "tokentap: OTLP export of timeline events failed ({e}); does the Collector have a logs pipeline? Events are still counted in tokentap.events and written to --events-log"
+                        "tokentap: OTLP export of timeline events failed ({}); does the Collector have a logs pipeline? Events are still counted in tokentap.events and written to --events-log",
+                        crate::otlp::failure_text(e, self.cause.as_ref())
                     );
                 }
             }
@@ -79,17 +78,6 @@ pub struct EventExport {
     logger: SdkLogger,
 }
 
-/// The logs URL for an HTTP collector address (bare, or a metrics URL).
-fn logs_url(endpoint: &str) -> String {
-    let e = endpoint.trim_end_matches('/');
-    let e = e.strip_suffix("/v1/metrics").unwrap_or(e);
-    if e.ends_with("/v1/logs") {
-        e.to_string()
-    } else {
-        format!("{e}/v1/logs")
-    }
-}
-
 fn any_value(v: &Value) -> AnyValue {
     match v {
         Value::Bool(b) => AnyValue::Boolean(*b),
@@ -105,34 +93,15 @@ fn any_value(v: &Value) -> AnyValue {
 
 impl EventExport {
     /// Needs a tokio runtime for gRPC (like the metrics exporter).
-    pub fn new(cfg: &MetricsConfig, health: Arc<Health>) -> Result<Self> {
-        let exporter = match cfg.protocol {
-            OtlpProtocol::Grpc => {
-                let mut b = opentelemetry_otlp::LogExporter::builder()
-                    .with_tonic()
-                    .with_timeout(Duration::from_secs(5));
-                if let Some(e) = &cfg.endpoint {
-                    b = b.with_endpoint(e.clone());
-                }
-                b.build().context("building the OTLP/gRPC log exporter")?
-            }
-            OtlpProtocol::HttpProtobuf => {
-                let mut b = opentelemetry_otlp::LogExporter::builder()
-                    .with_http()
-                    .with_protocol(Protocol::HttpBinary)
-                    .with_timeout(Duration::from_secs(5));
-                if let Some(e) = &cfg.endpoint {
-                    b = b.with_endpoint(logs_url(e));
-                }
-                b.build().context("building the OTLP/HTTP log exporter")?
-            }
-        };
+    pub fn new(collector: &crate::otlp::Collector, health: Arc<Health>) -> Result<Self> {
+        let (exporter, cause) = collector.log_exporter()?;
         let provider = SdkLoggerProvider::builder()
             .with_resource(crate::metrics::agent_resource(&[]))
             .with_batch_exporter(Counted {
                 inner: exporter,
                 health,
                 failing: AtomicBool::new(false),
+                cause,
             })
             .build();
         let logger = provider.logger("tokentap");
@@ -159,21 +128,5 @@ impl EventExport {
         if let Err(e) = self.provider.shutdown() {
             eprintln!("tokentap: final OTLP export of events did not complete: {e}");
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn logs_url_from_a_bare_address_or_a_metrics_url() {
-        assert_eq!(super::logs_url("http://c:4318"), "http://c:4318/v1/logs");
-        assert_eq!(
-            super::logs_url("http://c:4318/v1/metrics"),
-            "http://c:4318/v1/logs"
-        );
-        assert_eq!(
-            super::logs_url("http://c:4318/v1/logs/"),
-            "http://c:4318/v1/logs"
-        );
     }
 }

@@ -378,3 +378,104 @@ fn events_serialise_as_one_line_with_ts_kind_message_attributes() {
             "message": "tenant a: first request", "attributes": {"tokentap.tenant": "a"}})
     );
 }
+
+/// A chat request of `tenant` ending at `t_ns`.
+fn request_of(tenant: &str, t_ns: u64) -> Finished {
+    finished(
+        RequestRecord {
+            tenant: Some(tenant.to_string()),
+            operation: Some("chat"),
+            method: "POST".into(),
+            path: "/v1/chat/completions".into(),
+            status: Some(200),
+            provider: Some("vllm".into()),
+            request_model: Some("m".into()),
+            t0_ns: t_ns,
+            duration_s: Some(0.1),
+            ttft_s: Some(0.05),
+            input_tokens: Some(10),
+            output_tokens: Some(10),
+            ..Default::default()
+        },
+        t_ns,
+    )
+}
+
+#[test]
+fn thousands_of_end_users_make_named_callers_events_and_one_summary_per_window() {
+    let cfg = Config {
+        named_callers: 3,
+        ..Config::default()
+    };
+    let mut t = Timeline::new(cfg);
+    let mut ev = vec![];
+    // 5,000 distinct users over 3 minutes; user 7 sends five times per
+    // window, the others once.
+    for i in 0..5000u64 {
+        let ts = T0 + i * 36_000_000; // 180 s in all
+        let user = format!("user-{i}");
+        t.on_record(&request_of(&user, ts), &mut ev);
+        if i % 1000 == 7 {
+            for k in 0..4 {
+                t.on_record(&request_of("user-7", ts + k), &mut ev);
+            }
+        }
+    }
+    t.finish(&mut ev);
+    let new: Vec<&Event> = ev.iter().filter(|e| e.kind == kind::CALLER_NEW).collect();
+    let (summaries, one_by_one): (Vec<&Event>, Vec<&Event>) =
+        new.iter().partition(|e| e.attr("summary").is_some());
+    assert_eq!(one_by_one.len(), 3, "the named ones: {one_by_one:?}");
+    // 180 s of requests; the last ones end just into a fourth window.
+    assert_eq!(summaries.len(), 4, "one per window: {summaries:?}");
+    let counted: u64 = summaries
+        .iter()
+        .map(|e| e.attr("new_callers").unwrap().as_u64().unwrap())
+        .sum();
+    assert_eq!(counted, 4997, "every unnamed user counted once");
+    assert!(
+        summaries[0].message.contains("tenant user-"),
+        "{}",
+        summaries[0].message
+    );
+    assert!(ev.len() < 20, "{} events", ev.len());
+}
+
+#[test]
+fn over_the_ceiling_events_are_folded_and_said_once_per_minute() {
+    let cfg = Config {
+        named_callers: 10_000,
+        max_events_per_minute: 10,
+        ..Config::default()
+    };
+    let mut t = Timeline::new(cfg);
+    let mut ev = vec![];
+    // 100 new tenants in the first minute, 5 in the second.
+    for i in 0..100u64 {
+        t.on_record(&request_of(&format!("t{i}"), T0 + i * 500_000_000), &mut ev);
+    }
+    for i in 0..5u64 {
+        t.on_record(
+            &request_of(&format!("u{i}"), T0 + 61_000_000_000 + i),
+            &mut ev,
+        );
+    }
+    t.finish(&mut ev);
+    let folded: Vec<&Event> = ev
+        .iter()
+        .filter(|e| e.kind == kind::EVENTS_FOLDED)
+        .collect();
+    assert_eq!(t.folded(), 90, "{ev:?}");
+    assert!(!folded.is_empty());
+    let total: u64 = folded
+        .iter()
+        .map(|e| e.attr("folded").unwrap().as_u64().unwrap())
+        .sum();
+    assert_eq!(total, t.folded());
+    let new = ev.iter().filter(|e| e.kind == kind::CALLER_NEW).count();
+    assert_eq!(
+        new,
+        10 + 5,
+        "ten in the first minute, all five in the second"
+    );
+}

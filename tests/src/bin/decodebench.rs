@@ -112,6 +112,7 @@ fn main() {
             role: Role::Server,
             local: Some("127.0.0.1:8000".parse().unwrap()),
             peer: Some(format!("127.0.0.1:{}", 40000 + c).parse().unwrap()),
+            joined: false,
         })];
         for i in 0..per_conn {
             let (e, n) = request(fd, i, &mut t);

@@ -116,7 +116,7 @@ fn fidelity(peers: &Peers, kind: Engine, dir: &Path) -> Value {
     json!({"sdk_ttft_p50_ms": s50, "sdk_ttft_p99_ms": s99,
            "before_read_p50_ms": b50, "before_read_p99_ms": b99,
            "to_client_p50_ms": c50, "to_client_p99_ms": c99,"engine": kind.name(), "requests": client.len(), "matched": c.pairs.len(),
-           "ttft_n": c.ttft_diff.len(), "ttft_p50_ms": t50, "ttft_p99_ms": t99,
+           "ttft_n": c.ttft_diff.len(), "ttft_client_behind": c.client_behind.len(), "ttft_p50_ms": t50, "ttft_p99_ms": t99,
            "tpot_n": c.tpot_diff.len(), "tpot_p50_ms": p50, "tpot_p99_ms": p99})
 }
 

@@ -7,7 +7,9 @@
 //!    "status":200,"write":"writev"}}
 //!
 //! `GET /metrics` answers a Prometheus exposition in llama.cpp server's
-//! names (`llamacpp:requests_processing` = requests being answered now).
+//! names (`llamacpp:requests_processing` = requests being answered now);
+//! `GET /health` (`/healthz`, `/ready`, `/ping`) and `GET /v1/models`
+//! answer as engines do; any other `GET` is a 404.
 //! `"tool_call": true` streams tool-call deltas instead of content.
 //! `prompt_tokens` is what the usage report says the prompt had (default
 //! 5); `queue_ms_per_inflight` adds that many ms to the time to first token
@@ -169,8 +171,22 @@ fn serve(stream: TcpStream, truth: Arc<Mutex<Option<std::fs::File>>>) {
         };
         read_request(&mut conn, &mut pending)
     } {
-        if start.starts_with("get /metrics") {
-            let r = http::response(200, "text/plain; version=0.0.4", &metrics_text());
+        // What an engine's port answers besides inference: probes, the
+        // model list, anything else is not found.
+        if start.starts_with("get ") || start.starts_with("head ") {
+            let path = start.split(' ').nth(1).unwrap_or("");
+            let r = match path.split('?').next().unwrap_or("") {
+                "/metrics" => http::response(200, "text/plain; version=0.0.4", &metrics_text()),
+                "/health" | "/healthz" | "/ready" | "/ping" => {
+                    http::response(200, "application/json", "{\"status\":\"ok\"}")
+                }
+                "/v1/models" => http::response(
+                    200,
+                    "application/json",
+                    &json!({"object": "list", "data": [{"id": "sim", "object": "model", "owned_by": "simengine"}]}).to_string(),
+                ),
+                _ => http::response(404, "application/json", "{\"error\":\"not found\"}"),
+            };
             if !sys_write(fd, r.as_bytes(), "write") {
                 break;
             }
@@ -272,8 +288,31 @@ fn serve(stream: TcpStream, truth: Arc<Mutex<Option<std::fs::File>>>) {
     }
 }
 
+const USAGE: &str = "\
+simengine: a simulated OpenAI-compatible inference engine with a known schedule.
+
+Usage: simengine [--port N] [--addr IP] [--truth PATH] [--gpu-worker]
+                 [--read-delay-ms A,B,C] [--accept-delay-ms N] [--nodelay] [NAME...]
+
+Listens on IP:N (default 127.0.0.1, any free port) and prints `listening PORT`.
+Each request's JSON body says how to answer it in a `sim` object, e.g.
+  {\"model\":\"sim-a\",\"stream\":true,\"sim\":{\"ttft_ms\":20,\"gap_ms\":3,\"tokens\":12}}
+(keys: id, ttft_ms, gap_ms, tokens, status, write, tool_call, prompt_tokens,
+queue_ms_per_inflight). GET /metrics answers in llama.cpp server's names;
+GET /health, /healthz, /ready, /ping and /v1/models answer; other GETs 404.
+  --truth PATH          append one JSON line per request: the engine's own clock
+  --gpu-worker          start a child process standing for a GPU worker
+  --read-delay-ms LIST  leave requests unread for these delays, in turn
+  --accept-delay-ms N   leave each new connection unaccepted for N ms
+  --nodelay             TCP_NODELAY on connections
+Other arguments are ignored (tests put engine names there for discovery).";
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        println!("{USAGE}");
+        return;
+    }
     let opt = |name: &str| {
         args.iter()
             .position(|a| a == name)

@@ -54,7 +54,8 @@ impl Format {
             Format::OllamaChat
         } else if p == "/api/generate" {
             Format::OllamaGenerate
-        } else if p == "/generate" || p == "/generate_stream" {
+        } else if p == "/generate" || p == "/generate_stream" || p.is_empty() {
+            // TGI's `POST /` is generate or generate_stream by its body.
             Format::TgiGenerate
         } else if p == "/completion" {
             Format::LlamaCppCompletion
@@ -511,6 +512,7 @@ mod tests {
         assert_eq!(Format::from_path("/api/chat"), Format::OllamaChat);
         assert_eq!(Format::from_path("/v1/responses"), Format::OpenAiResponses);
         assert_eq!(Format::from_path("/metrics"), Format::Unknown);
+        assert_eq!(Format::from_path("/"), Format::TgiGenerate);
     }
 
     #[test]

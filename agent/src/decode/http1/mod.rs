@@ -51,6 +51,9 @@ pub struct Http1Conn {
     /// Ignore bytes until a plausible request line starts a request-side
     /// event.
     broken: bool,
+    /// Joined mid-way and not yet in step: its bytes may turn out to be
+    /// TLS records (a desynced connection's are not tested: it was HTTP).
+    joining: bool,
     /// HEAD requests in flight, by exchange seq (their responses have no body).
     heads: Vec<u64>,
 }
@@ -62,12 +65,23 @@ impl Default for Http1Conn {
             resp: RespState::Head(HeadBuf::default()),
             queue: VecDeque::new(),
             broken: false,
+            joining: false,
             heads: Vec::new(),
         }
     }
 }
 
 impl Http1Conn {
+    /// A connection joined mid-way (open before the agent): its bytes are
+    /// skipped until a request starts, without counting a decode error.
+    pub fn joining() -> Self {
+        Self {
+            broken: true,
+            joining: true,
+            ..Self::default()
+        }
+    }
+
     /// Heap bytes held in parsing buffers.
     pub fn buffered(&self) -> usize {
         let req = match &self.req {
@@ -145,8 +159,15 @@ impl Http1Conn {
             return Flow::Continue;
         }
         if self.broken {
+            // A connection joined mid-way whose first call was part of a TLS
+            // record: later calls show the records whole.
+            if self.joining && crate::decode::looks_like_tls(p.data) {
+                self.fail_all(p.ts_ns, "unsupported_protocol", out);
+                return Flow::Tls;
+            }
             if is_request && looks_like_request(p.data) {
                 self.broken = false;
+                self.joining = false;
                 self.reset();
             } else {
                 return Flow::Continue;
@@ -162,8 +183,7 @@ impl Http1Conn {
                 .and_then(|flow| self.response_gap(missing).map(|()| flow))
         };
         match step {
-            Ok(Flow::Unsupported) => Flow::Unsupported,
-            Ok(Flow::Continue) => Flow::Continue,
+            Ok(flow) => flow,
             Err(NotHttp) => {
                 let why = if missing > 0 {
                     "truncated_capture"
