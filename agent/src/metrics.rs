@@ -504,21 +504,25 @@ fn own_hostname() -> String {
         .unwrap_or_default()
 }
 
-/// The hostname of pid 1's UTS namespace when it is not the agent's own
-/// (the agent in a container of a `hostPID` pod: pid 1 is the node's
-/// init). A thread of its own enters that namespace (needs CAP_SYS_ADMIN)
-/// and asks; without the right, the node's `/etc/hostname` through
-/// `/proc/1/root` (CAP_SYS_PTRACE). None when the namespace is the agent's
-/// own, or neither works.
+/// The hostname of the node's UTS namespace when it is not the agent's
+/// own (the agent in a container of a `hostPID` pod). The node's namespace
+/// is pid 1's (the node's init), or pid 2's when pid 1 cannot be looked
+/// at (kthreadd: kernel threads live in the initial namespaces; some
+/// hosts' init is closed even to root). A thread of its own enters that
+/// namespace (needs CAP_SYS_ADMIN) and asks; without the right, the
+/// node's `/etc/hostname` through `/proc/PID/root` (CAP_SYS_PTRACE). None
+/// when the namespace is the agent's own, or nothing works.
 fn host_uts_name() -> Option<String> {
     let own = std::fs::read_link("/proc/self/ns/uts").ok()?;
-    let init = std::fs::read_link("/proc/1/ns/uts").ok()?;
-    if own == init {
+    let (pid, ns) = [1u32, 2]
+        .into_iter()
+        .find_map(|p| Some((p, std::fs::read_link(format!("/proc/{p}/ns/uts")).ok()?)))?;
+    if ns == own {
         return None;
     }
-    let entered = std::thread::spawn(|| -> Option<String> {
+    let entered = std::thread::spawn(move || -> Option<String> {
         use std::os::fd::AsRawFd;
-        let ns = std::fs::File::open("/proc/1/ns/uts").ok()?;
+        let ns = std::fs::File::open(format!("/proc/{pid}/ns/uts")).ok()?;
         // SAFETY: setns on this short-lived thread only (a UTS namespace
         // is per thread); the fd is valid for the call.
         if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWUTS) } != 0 {
@@ -530,7 +534,7 @@ fn host_uts_name() -> Option<String> {
     .ok()
     .flatten();
     entered.or_else(|| {
-        std::fs::read_to_string("/proc/1/root/etc/hostname")
+        std::fs::read_to_string(format!("/proc/{pid}/root/etc/hostname"))
             .ok()
             .map(|s| s.trim().to_string())
             .filter(|n| !n.is_empty())

@@ -167,21 +167,20 @@ fn only_requests_of_a_known_llm_operation_reach_the_llm_sinks_and_the_rest_are_c
         "only the LLM request reaches the sinks"
     );
     assert_eq!(got[0].record.operation, Some("chat"));
-    use RouteClass::*;
     let others = sink.1.lock().unwrap().clone();
     let want: Vec<(String, RouteClass)> = [
-        ("GET /metrics", Metrics),
-        ("GET /health", Health),
-        ("GET /health?verbose=1", Health),
-        ("GET /v1/models", Models),
-        ("POST /internal/llm/stream", Other),
-        ("POST /v1/batches", Other),
-        ("GET /v1/batches/batch_1", Other),
-        ("OPTIONS /v1/chat/completions", Other),
-        ("POST /tokenize", Other),
-        ("POST /v2/models/llm/infer", Other),
-        ("GET /metrics", Metrics),
-        ("POST /v1/chat/completions", Other),
+        ("GET /metrics", RouteClass::Metrics),
+        ("GET /health", RouteClass::Health),
+        ("GET /health?verbose=1", RouteClass::Health),
+        ("GET /v1/models", RouteClass::Models),
+        ("POST /internal/llm/stream", RouteClass::Other),
+        ("POST /v1/batches", RouteClass::Other),
+        ("GET /v1/batches/batch_1", RouteClass::Other),
+        ("OPTIONS /v1/chat/completions", RouteClass::Other),
+        ("POST /tokenize", RouteClass::Other),
+        ("POST /v2/models/llm/infer", RouteClass::Other),
+        ("GET /metrics", RouteClass::Metrics),
+        ("POST /v1/chat/completions", RouteClass::Other),
     ]
     .into_iter()
     .map(|(p, c)| (p.to_string(), c))
