@@ -233,6 +233,7 @@ async fn capture(a: CaptureArgs) -> Result<()> {
             "capture needs at least one --pid PID or --port PORT (see `tokentap capture --help`)"
         );
     }
+    tokentap::capture::check_privileges()?;
     let opts = a.kernel.options(&a.pids, &a.ports);
     // Attach first: a capture that cannot start leaves no empty file.
     let mut cap = Capture::start(&opts)?;

@@ -616,37 +616,52 @@ fn without_privileges_the_errors_say_what_is_missing_and_no_capture_file_is_left
     };
     let cap_file = dir.join("cap.jsonl");
     let cap_arg = cap_file.to_str().unwrap();
-    let err = as_nobody(&[
-        "capture",
-        "--port",
-        &port,
-        "--out",
-        cap_arg,
-        "--duration",
-        "1",
-    ]);
-    assert!(
-        err.contains("permission denied") && err.contains("CAP_BPF") && err.contains(&port),
-        "the listener it cannot see is not reported as absent: {err}"
-    );
-    assert!(!cap_file.exists(), "a failed capture leaves no file");
-    // By pid: the next thing in the way is tracefs (mounted, root's).
-    let err = as_nobody(&[
-        "capture",
-        "--pid",
-        &std::process::id().to_string(),
-        "--out",
-        cap_arg,
-        "--duration",
-        "1",
-    ]);
-    assert!(err.contains("CAP_BPF"), "{err}");
-    if Path::new("/sys/kernel/tracing/events").is_dir() {
+    let pid = std::process::id().to_string();
+    // capture by port and by pid, run: at once, the missing privileges
+    // named, first (no NVML, install-key or tracefs notice before it).
+    for args in [
+        &[
+            "capture",
+            "--port",
+            &port,
+            "--out",
+            cap_arg,
+            "--duration",
+            "1",
+        ][..],
+        &[
+            "capture",
+            "--pid",
+            &pid,
+            "--out",
+            cap_arg,
+            "--duration",
+            "1",
+        ],
+        &["run", "--port", &port, "--no-console"],
+        &[
+            "run",
+            "--pid",
+            &pid,
+            "--no-console",
+            "--otlp-endpoint",
+            "http://127.0.0.1:9",
+        ],
+    ] {
+        let t = std::time::Instant::now();
+        let err = as_nobody(args);
         assert!(
-            err.contains("cannot read tracefs") && !err.contains("mounting it failed"),
-            "tracefs is mounted, only closed to this user: {err}"
+            t.elapsed() < Duration::from_secs(5),
+            "{args:?}: not at once"
         );
+        let first = err.lines().next().unwrap_or_default();
+        assert!(
+            first.starts_with("tokentap: error: missing privileges: this process lacks CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH")
+                && first.contains("docs/deploy.md"),
+            "{args:?}: {err}"
+        );
+        assert_eq!(err.trim_end().lines().count(), 1, "that line alone: {err}");
+        assert!(!cap_file.exists(), "a failed capture leaves no file");
     }
-    assert!(!cap_file.exists(), "a failed capture leaves no file");
     drop(listener);
 }

@@ -227,6 +227,69 @@ impl AsRawFd for Ring {
     }
 }
 
+/// Every `--pid` names a process (an argument error, said before anything
+/// starts: the GPU sampler, the programs).
+pub fn check_pids(opts: &CaptureOptions) -> Result<()> {
+    for &pid in &opts.pids {
+        if !opts.proc_root.join(pid.to_string()).exists() {
+            bail!("no process with pid {pid}");
+        }
+    }
+    Ok(())
+}
+
+/// The capabilities capturing needs that `cap_eff` (a `CapEff` mask)
+/// lacks: CAP_BPF and CAP_PERFMON (CAP_SYS_ADMIN stands for both, as on
+/// kernels before 5.8), CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH.
+pub fn missing_capabilities(cap_eff: u64) -> Vec<&'static str> {
+    let has = |bit: u32| cap_eff >> bit & 1 == 1;
+    let admin = has(21);
+    [
+        (39, "CAP_BPF", admin),
+        (38, "CAP_PERFMON", admin),
+        (19, "CAP_SYS_PTRACE", false),
+        (2, "CAP_DAC_READ_SEARCH", false),
+    ]
+    .into_iter()
+    .filter(|&(bit, _, covered)| !has(bit) && !covered)
+    .map(|(_, name, _)| name)
+    .collect()
+}
+
+/// Stops at once, naming what is missing, when this process cannot load
+/// the programs (no CAP_BPF / CAP_PERFMON); warns when it can but cannot
+/// look into other users' processes. Said before anything else starts.
+pub fn check_privileges() -> Result<()> {
+    let Some(eff) = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))
+                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        })
+    else {
+        return Ok(()); // cannot tell: the kernel will say
+    };
+    let missing = missing_capabilities(eff);
+    if missing
+        .iter()
+        .any(|c| *c == "CAP_BPF" || *c == "CAP_PERFMON")
+    {
+        bail!(
+            "missing privileges: this process lacks {}; capturing needs {PRIVILEGES}",
+            missing.join(", ")
+        );
+    }
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !missing.is_empty() && !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        eprintln!(
+            "tokentap: warning: this process lacks {}: engines of other users cannot be looked into (their sockets, command lines); capturing needs {PRIVILEGES}",
+            missing.join(", ")
+        );
+    }
+    Ok(())
+}
+
 /// What capturing needs, in the words every message and `--help` use.
 pub const PRIVILEGES: &str = "root, or CAP_BPF + CAP_PERFMON + CAP_SYS_PTRACE + \
 CAP_DAC_READ_SEARCH (+ CAP_SYS_ADMIN only where tracefs is not mounted); \
@@ -282,11 +345,7 @@ impl Capture {
         if pids.is_empty() && !opts.allow_no_targets {
             bail!("nothing to capture: give --pid PID or --port PORT");
         }
-        for &pid in &pids {
-            if !opts.proc_root.join(pid.to_string()).exists() {
-                bail!("no process with pid {pid}");
-            }
-        }
+        check_pids(opts)?;
 
         let mut ebpf = programs::load_object(opts.ring_bytes, opts.max_conns)?;
         let mut config: Array<MapData, Config> =

@@ -82,6 +82,12 @@ pub fn identity(plan: &IdentityPlan, install_key: &Path) -> Result<IdentityConfi
 
 /// The live agent.
 pub async fn run(plan: RunPlan) -> Result<()> {
+    // Missing privileges first: nothing else is worth saying without them.
+    // With probes the agent stays up, not ready, saying the kernel's own
+    // refusal (a DaemonSet pod shows NotReady, not a crash loop).
+    if plan.health_addr.is_none() {
+        crate::capture::check_privileges()?;
+    }
     let id = identity(&plan.identity, Path::new(INSTALL_KEY_PATH))?;
     let mut events_cfg = match &plan.identity.rules_file {
         Some(p) => crate::timeline::Config::load(p)?,
@@ -157,6 +163,7 @@ pub async fn run(plan: RunPlan) -> Result<()> {
     let stop = shutdown_signal();
     tokio::pin!(stop);
 
+    crate::capture::check_pids(&plan.capture)?;
     if let (Some(g), Some(devices)) = (&plan.gpu, gpu_devices) {
         // NVML on its own thread; without it (no GPU, no driver) it says
         // why once and retries, and requests are measured as usual. Started
