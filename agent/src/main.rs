@@ -142,8 +142,9 @@ struct ReplayArgs {
     #[arg(long = "tenant-header", value_name = "NAME")]
     tenant_headers: Vec<String>,
     /// Key for `api_key_id`: the bytes of this file (give the live agent's
-    /// to get the ids it exported). Without it `api_key_id` stays empty: a
-    /// replay neither reads nor makes the node's install key.
+    /// to get the ids it exported). Without it: this node's install key
+    /// (/var/lib/tokentap/api-key-salt) when there is one, else a random
+    /// key for this replay (ids agree within it only).
     #[arg(long, value_name = "PATH")]
     api_key_salt_file: Option<PathBuf>,
     /// The agent's config file: its `[[request_type]]` rules and `[events]`

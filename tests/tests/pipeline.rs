@@ -273,13 +273,34 @@ fn replay_decodes_tenant_and_api_key_id_like_the_live_agent_when_given_its_setti
         rec["request_type"], "chat",
         "without the rules: the built-in"
     );
-    // Without the key: no id. Without any output: a hint, not silence.
-    let (stdout, _) = replay(&["--requests-log", "-"]);
-    let rec: Value = serde_json::from_str(stdout.lines().next().unwrap()).unwrap();
-    assert_eq!(rec["api_key_id"], Value::Null);
+    // Without a salt file: an id all the same (the node's install key, or
+    // a random one for this replay, said on stderr), never the key.
+    let (stdout, stderr) = replay(&["--requests-log", "-"]);
+    let rec2: Value = serde_json::from_str(stdout.lines().next().unwrap()).unwrap();
+    let id2 = rec2["api_key_id"]
+        .as_str()
+        .expect("api_key_id without a salt file");
+    assert!(!id2.contains("sk-test") && id2.len() == 12, "{rec2}");
+    assert!(stderr.contains("api_key_id"), "which key is said: {stderr}");
     let (_, stderr) = replay(&[]);
     assert!(
         stderr.contains("nothing will be written") && stderr.contains("--requests-log"),
         "{stderr}"
     );
+}
+
+#[test]
+fn replay_of_a_file_without_one_valid_line_fails() {
+    let dir = tokentap_tests::scratch_dir("replay-invalid");
+    let f = dir.join("not-a-capture.jsonl");
+    std::fs::write(&f, "GET / HTTP/1.1\nnot json either\n").unwrap();
+    let out = std::process::Command::new(tokentap_tests::tokentap_bin())
+        .arg("replay")
+        .arg(&f)
+        .args(["--requests-log", "-"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("no line is a capture event"), "{stderr}");
 }

@@ -210,6 +210,32 @@ pub fn load_key(salt_file: Option<&Path>, install_path: &Path) -> Result<(Vec<u8
     }
 }
 
+/// The key a replay hashes API keys with: `salt_file` when given; else
+/// this node's install key when there is one (read, never made: then the
+/// ids are those this node's agent exported); else a random key for this
+/// replay (ids consistent within it only). Says which on stderr.
+pub fn replay_key(salt_file: Option<&Path>, install_path: &Path) -> Result<Vec<u8>> {
+    if salt_file.is_some() {
+        return load_key(salt_file, install_path).map(|(k, _)| k);
+    }
+    match std::fs::read(install_path) {
+        Ok(k) if !k.is_empty() => {
+            eprintln!(
+                "tokentap: api_key_id from this node's install key {} (the ids this node's agent exported)",
+                install_path.display()
+            );
+            Ok(k)
+        }
+        _ => {
+            eprintln!(
+                "tokentap: api_key_id with a random key for this replay (no --api-key-salt-file, no install key at {}): ids agree within this replay only",
+                install_path.display()
+            );
+            random_bytes()
+        }
+    }
+}
+
 /// Reads the install key, creating it first when missing. Creation is
 /// atomic (written to a private temporary file, then linked into place),
 /// so two agents starting together end with the same key.

@@ -509,6 +509,29 @@ pub fn resolve(f: &RunFlags, env: &dyn Env) -> Result<RunPlan> {
     })
 }
 
+/// A TOML value as it was written (strings quoted).
+fn toml_text(v: &toml::Value) -> String {
+    match v {
+        toml::Value::String(s) => format!("{s:?}"),
+        toml::Value::Array(a) => format!(
+            "[{}]",
+            a.iter().map(toml_text).collect::<Vec<_>>().join(", ")
+        ),
+        toml::Value::Integer(i) => i.to_string(),
+        toml::Value::Float(f) => f.to_string(),
+        toml::Value::Boolean(b) => b.to_string(),
+        other => format!("{other:?}"),
+    }
+}
+
+/// One config-file option parsed on its own (the config file's check).
+#[derive(clap::Parser)]
+#[command(no_binary_name = true)]
+struct OneRunOption {
+    #[command(flatten)]
+    _flags: RunFlags,
+}
+
 /// `tokentap run --config FILE …`: the file's options, as command-line
 /// arguments placed right after `run` (so the user's own arguments, which
 /// come later, win). `run_args` names the long options `run` accepts.
@@ -551,20 +574,40 @@ pub fn merge_config_file(args: &[String], run_args: &[String]) -> Result<Vec<Str
                 other => bail!("config file {path}: `{key}` has an unsupported value {other:?}"),
             })
         };
+        let mut mine = vec![];
         match &value {
-            toml::Value::Boolean(true) => extra.push(flag),
+            toml::Value::Boolean(true) => mine.push(flag),
             toml::Value::Boolean(false) => {}
             toml::Value::Array(items) => {
                 for it in items {
-                    extra.push(flag.clone());
-                    extra.push(scalar(it)?);
+                    mine.push(flag.clone());
+                    mine.push(scalar(it)?);
                 }
             }
             v => {
-                extra.push(flag);
-                extra.push(scalar(v)?);
+                mine.push(flag);
+                mine.push(scalar(v)?);
             }
         }
+        // Checked here, alone, so that a bad value is named by the file
+        // and key it came from, not as a command-line flag.
+        if let Err(e) = <OneRunOption as clap::Parser>::try_parse_from(&mine) {
+            let reason = std::error::Error::source(&e)
+                .map(|s| s.to_string())
+                .unwrap_or_else(|| {
+                    e.to_string()
+                        .lines()
+                        .next()
+                        .unwrap_or_default()
+                        .trim_start_matches("error: ")
+                        .to_string()
+                });
+            bail!(
+                "config file {path}: `{key} = {}`: {reason}",
+                toml_text(&value)
+            );
+        }
+        extra.extend(mine);
     }
     let mut out = args[..=run_at].to_vec();
     out.extend(extra);
@@ -702,6 +745,26 @@ mod tests {
         std::fs::write(&f, "nope = 1\n").unwrap();
         let err = merge_config_file(&args, &run_option_names()).unwrap_err();
         assert!(format!("{err:#}").contains("unknown option `nope`"));
+        // A wrongly typed or out-of-range value: named by file and key.
+        for (text, says) in [
+            ("max-tenants = 0\n", "`max-tenants = 0`"),
+            (
+                "export-interval = \"soon\"\n",
+                "`export-interval = \"soon\"`",
+            ),
+            ("pid = [\"abc\"]\n", "`pid = [\"abc\"]`"),
+            ("ring-buffer-bytes = 5000\n", "not a power of two"),
+        ] {
+            std::fs::write(&f, text).unwrap();
+            let err = format!(
+                "{:#}",
+                merge_config_file(&args, &run_option_names()).unwrap_err()
+            );
+            assert!(
+                err.starts_with(&format!("config file {}: ", f.display())) && err.contains(says),
+                "{text}: {err}"
+            );
+        }
     }
 
     #[test]

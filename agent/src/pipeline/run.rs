@@ -5,7 +5,7 @@
 
 use std::{path::Path, sync::Arc, time::Duration};
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 
 use super::{
     enrich::{Container, EngineName, ModelVersion},
@@ -320,8 +320,8 @@ pub struct ReplayPlan {
     pub events_log: Option<std::path::PathBuf>,
     /// Tenant headers (lowercase; `plan::tenant_header_names`).
     pub tenant_headers: Vec<String>,
-    /// The key `api_key_id` is made with; None: no ids (a replay does not
-    /// make or read the node's install key).
+    /// The key `api_key_id` is made with; None: the node's install key if
+    /// there is one, else a random key for this replay.
     pub api_key_salt_file: Option<std::path::PathBuf>,
     /// The agent's config file: its `[[request_type]]` rules and `[events]`
     /// thresholds apply (its other keys are `run`'s and are ignored).
@@ -331,13 +331,11 @@ pub struct ReplayPlan {
 /// A capture file through the same pipeline (no enrichers that need the
 /// live node: its processes are not this machine's).
 pub async fn replay(file: &Path, plan: &ReplayPlan) -> Result<()> {
-    let hasher = match &plan.api_key_salt_file {
-        Some(p) => {
-            let (key, _) = load_key(Some(p), Path::new(INSTALL_KEY_PATH))?;
-            Some(ApiKeyHasher::new(&key)?)
-        }
-        None => None,
-    };
+    let key = crate::identity::caller::replay_key(
+        plan.api_key_salt_file.as_deref(),
+        Path::new(INSTALL_KEY_PATH),
+    )?;
+    let hasher = Some(ApiKeyHasher::new(&key)?);
     let (rules, events_cfg) = match &plan.config {
         Some(p) => (Rules::load(p)?, crate::timeline::Config::load(p)?),
         None => (Rules::default(), crate::timeline::Config::default()),
@@ -409,5 +407,11 @@ pub async fn replay(file: &Path, plan: &ReplayPlan) -> Result<()> {
         file.display(),
         src.bad_lines().len()
     );
+    if n == 0 && !src.bad_lines().is_empty() {
+        bail!(
+            "{}: no line is a capture event (is it a capture file? `tokentap capture --out FILE` writes one)",
+            file.display()
+        );
+    }
     Ok(())
 }
