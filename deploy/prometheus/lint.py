@@ -131,6 +131,10 @@ ATTRIBUTES: dict[str, set[str]] = {
     "tokentap.server.queue_time": REQUEST_KEYS,
     "gen_ai.server.token.usage": REQUEST_KEYS | {"gen_ai.token.type"},
     "tokentap.requests": REQUEST_KEYS,
+    # Metrics::other_request: requests that are not LLM requests.
+    "tokentap.http.requests": {"gen_ai.provider.name", "server.port", "tokentap.model.version",
+                               "http.request.method", "http.response.status_code",
+                               "tokentap.http.route_class"},
     # Metrics::event: the kind always; tenant, caller, model version and
     # error kind when the event names them (each only on some kinds).
     "tokentap.events": {"tokentap.event.kind", "tokentap.tenant", "tokentap.caller",
@@ -991,6 +995,8 @@ SAMPLE_LABELS = {
     "hw_name": "NVIDIA H100 80GB HBM3", "hw_vendor": "nvidia", "hw_type": "gpu",
     "hw_gpu_task": "general", "tokentap_gpu_throttle_reason": "sw_power_cap",
     "tokentap_engine_pid": "4242", "process_pid": "4243",
+    "http_request_method": "GET", "http_response_status_code": "200",
+    "tokentap_http_route_class": "health",
 }
 
 
