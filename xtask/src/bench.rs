@@ -25,8 +25,11 @@ pub fn run(which: &str, secs: f64, rounds: usize) -> Result<()> {
         "decode" => &["decode"],
         "conns" => &["conns"],
         "engine" => &["engine"],
+        "soak" => &["soak"],
         other => {
-            bail!("unknown bench {other:?}; available: all, capture, decode, gpu, conns, engine")
+            bail!(
+                "unknown bench {other:?}; available: all, capture, decode, gpu, conns, engine, soak"
+            )
         }
     };
     let root_needed = parts.iter().any(|p| !matches!(*p, "decode" | "gpu"));
@@ -45,6 +48,7 @@ pub fn run(which: &str, secs: f64, rounds: usize) -> Result<()> {
             "capture" => capture(secs, rounds)?,
             "gpu" => gpu()?,
             "conns" => conns(10_000)?,
+            "soak" => crate::soak::soak(secs)?,
             _ => engine(rounds)?,
         });
     }
@@ -137,7 +141,7 @@ fn gpu() -> Result<Vec<Row>> {
 }
 
 /// One row of the table.
-struct Row {
+pub(crate) struct Row {
     what: String,
     base: String,
     traced: String,
@@ -145,7 +149,7 @@ struct Row {
     target: String,
 }
 
-fn row(
+pub(crate) fn row(
     what: impl Into<String>,
     base: impl Into<String>,
     traced: impl Into<String>,
@@ -190,7 +194,7 @@ pub fn machine() -> String {
     format!("{cpu}, {cores} cores, {mem_gib:.0} GiB, Linux {kernel}")
 }
 
-fn bin(name: &str) -> PathBuf {
+pub(crate) fn bin(name: &str) -> PathBuf {
     root().join("target/release").join(name)
 }
 
@@ -264,7 +268,7 @@ impl Hooks {
     }
 }
 
-fn lines(out: ChildStdout) -> mpsc::Receiver<String> {
+pub(crate) fn lines(out: ChildStdout) -> mpsc::Receiver<String> {
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         for l in BufReader::new(out).lines().map_while(Result::ok) {
@@ -276,7 +280,7 @@ fn lines(out: ChildStdout) -> mpsc::Receiver<String> {
     rx
 }
 
-fn wait_ready(rx: &mpsc::Receiver<String>, what: &str) -> Result<String> {
+pub(crate) fn wait_ready(rx: &mpsc::Receiver<String>, what: &str) -> Result<String> {
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -289,9 +293,9 @@ fn wait_ready(rx: &mpsc::Receiver<String>, what: &str) -> Result<String> {
     }
 }
 
-struct Spawned {
-    child: Child,
-    rx: mpsc::Receiver<String>,
+pub(crate) struct Spawned {
+    pub(crate) child: Child,
+    pub(crate) rx: mpsc::Receiver<String>,
 }
 
 impl Drop for Spawned {
@@ -330,7 +334,7 @@ fn spawn_tokentap(args: &[String], expect: Option<&str>) -> Result<Spawned> {
 }
 
 /// VmRSS and VmHWM (peak) of a process, KiB.
-fn proc_rss_kib(pid: u32) -> (f64, f64) {
+pub(crate) fn proc_rss_kib(pid: u32) -> (f64, f64) {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     let field = |k: &str| {
         status
@@ -538,7 +542,7 @@ fn med(samples: &[Sample], f: impl Fn(&Sample) -> f64) -> f64 {
     median(samples.iter().map(f).collect())
 }
 
-fn verdict(ok: bool) -> &'static str {
+pub(crate) fn verdict(ok: bool) -> &'static str {
     if ok {
         "met"
     } else {

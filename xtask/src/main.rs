@@ -7,6 +7,7 @@ mod bench;
 mod demo;
 mod ebpf;
 mod fuzz;
+mod soak;
 mod testrun;
 mod toolchain;
 mod util;
@@ -101,7 +102,10 @@ enum Cmd {
         /// overhead on a write-heavy SSE server, drops, agent CPU/RSS;
         /// root); conns (agent RSS with 10,000 tracked connections; root);
         /// engine (real llama.cpp engines: traced vs untraced throughput,
-        /// TTFT/TPOT vs the client; root, installs the peers).
+        /// TTFT/TPOT vs the client; root, installs the peers); soak (not in
+        /// all: `--secs 300` or more of chats from thousands of end users
+        /// and API keys: events log ceiling, named callers, the agent's RSS
+        /// curve; root).
         #[arg(default_value = "all")]
         which: String,
         /// Seconds per measurement.
