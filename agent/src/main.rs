@@ -111,8 +111,8 @@ struct CaptureArgs {
     /// Capture file to write ("-" for stdout).
     #[arg(long, value_name = "FILE")]
     out: PathBuf,
-    /// Stop after this many seconds (default: until Ctrl-C / SIGTERM).
-    #[arg(long, value_name = "SECS")]
+    /// Stop after this many seconds, ≥ 0 (default: until Ctrl-C / SIGTERM).
+    #[arg(long, value_name = "SECS", value_parser = tokentap::pipeline::plan::secs_at_least_zero)]
     duration: Option<f64>,
     #[command(flatten)]
     kernel: KernelFlags,
@@ -258,7 +258,7 @@ async fn capture(a: CaptureArgs) -> Result<()> {
         cap.data_hooks().name()
     );
     let mut src = EventSource::Live(Box::new(cap));
-    let end = deadline(a.duration.map(|s| Duration::from_secs_f64(s.max(0.0))));
+    let end = deadline(a.duration.map(Duration::from_secs_f64));
     tokio::pin!(end);
     let stop = shutdown_signal();
     tokio::pin!(stop);

@@ -286,7 +286,8 @@ pub struct Metrics {
     /// `tokentap.events`: timeline events by kind and subject.
     events: Counter<u64>,
     /// The events as OTLP log records.
-    event_export: crate::timeline::otlp::EventExport,
+    /// None: the collector was named for metrics only.
+    event_export: Option<crate::timeline::otlp::EventExport>,
 }
 
 /// An attribute with unbounded values (model names, tenants, callers): the
@@ -723,7 +724,20 @@ impl Metrics {
             )
             .build();
         let logs = crate::otlp::Collector::resolve(cfg, crate::otlp::Signal::Logs, &env)?;
-        let event_export = crate::timeline::otlp::EventExport::new(&logs, health.clone())?;
+        // A collector named for metrics only (OTEL_EXPORTER_OTLP_METRICS_
+        // ENDPOINT alone) has no place for the events: not exported rather
+        // than sent to the SDK's localhost default and counted as failures.
+        let event_export = if logs.url.is_none() && collector.url.is_some() {
+            eprintln!(
+                "tokentap: timeline events are not exported over OTLP: the collector is named for metrics only (OTEL_EXPORTER_OTLP_METRICS_ENDPOINT); set OTEL_EXPORTER_OTLP_LOGS_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT for them (--events-log and tokentap.events have them all)"
+            );
+            None
+        } else {
+            Some(crate::timeline::otlp::EventExport::new(
+                &logs,
+                health.clone(),
+            )?)
+        };
         Ok(Self {
             events,
             event_export,
@@ -777,9 +791,10 @@ impl Metrics {
             attrs.push(KeyValue::new("server.port", p as i64));
         }
         if let Some(v) = r.model_version.as_deref() {
+            // Peeked, not admitted: the caps are filled by LLM traffic.
             attrs.push(KeyValue::new(
                 "tokentap.model.version",
-                self.attrs.capped(CapKey::ModelVersion, Some(v)),
+                self.attrs.peek(CapKey::ModelVersion, Some(v)),
             ));
         }
         self.instruments_for(r).http.add(1, &attrs);
@@ -849,11 +864,15 @@ impl Metrics {
             attrs.push(KeyValue::new("error.type", k));
         }
         self.events.add(1, &attrs);
-        self.event_export.emit(e);
+        if let Some(x) = &self.event_export {
+            x.emit(e);
+        }
     }
 
     pub fn shutdown(self) {
-        self.event_export.shutdown();
+        if let Some(x) = &self.event_export {
+            x.shutdown();
+        }
         for p in std::iter::once(&self.provider).chain(self.containers.values().map(|(p, _)| p)) {
             if let Err(e) = p.shutdown() {
                 eprintln!("tokentap: final OTLP export did not complete: {e}");

@@ -104,8 +104,22 @@ fn signal_url(endpoint: &str, signal: Signal) -> String {
 /// `source` names where they came from in errors, which never quote a
 /// value (headers carry credentials).
 pub fn parse_headers(text: &str, source: &str) -> Result<Vec<(http::HeaderName, String)>> {
+    parse_header_entries(text.split(','), source)
+}
+
+/// One `key=value` pair (`--otlp-header`: a value may hold commas).
+pub fn parse_header_pair(text: &str, source: &str) -> Result<(http::HeaderName, String)> {
+    parse_header_entries(std::iter::once(text), source)?
+        .pop()
+        .ok_or_else(|| anyhow!("{source}: empty (want key=value)"))
+}
+
+fn parse_header_entries<'a>(
+    entries: impl Iterator<Item = &'a str>,
+    source: &str,
+) -> Result<Vec<(http::HeaderName, String)>> {
     let mut out = vec![];
-    for (i, entry) in text.split(',').enumerate() {
+    for (i, entry) in entries.enumerate() {
         let entry = entry.trim();
         if entry.is_empty() {
             continue;
@@ -116,14 +130,17 @@ pub fn parse_headers(text: &str, source: &str) -> Result<Vec<(http::HeaderName, 
                 i + 1
             );
         };
-        let key = percent_decode(k.trim()).ok_or_else(|| {
+        // A key that fails is never quoted: `Authorization: Bearer x=y`
+        // would put the credential in the key.
+        let bad_key = || {
             anyhow!(
-                "{source}: entry {}: the key is not valid percent-encoding",
+                "{source}: entry {}: the key is not an HTTP header name (write name=value, not `Name: value`)",
                 i + 1
             )
-        })?;
+        };
+        let key = percent_decode(k.trim()).ok_or_else(bad_key)?;
         let name = http::HeaderName::from_bytes(key.to_ascii_lowercase().as_bytes())
-            .map_err(|_| anyhow!("{source}: {key:?} is not an HTTP header name"))?;
+            .map_err(|_| bad_key())?;
         let value = percent_decode(v.trim()).ok_or_else(|| {
             anyhow!("{source}: the value of {name} is not valid percent-encoding")
         })?;
@@ -142,8 +159,11 @@ fn percent_decode(s: &str) -> Option<String> {
     let mut i = 0;
     while i < b.len() {
         if b[i] == b'%' {
-            let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
+            let hex = b.get(i + 1..i + 3)?;
+            if !hex.iter().all(u8::is_ascii_hexdigit) {
+                return None;
+            }
+            out.push(u8::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?);
             i += 3;
         } else {
             out.push(b[i]);
@@ -218,9 +238,8 @@ impl Collector {
         }
         // The flags last: they win over the environment.
         for h in &cfg.headers {
-            for (name, value) in parse_headers(h, "--otlp-header")? {
-                headers.insert(name, sensitive(&value));
-            }
+            let (name, value) = parse_header_pair(h, "--otlp-header")?;
+            headers.insert(name, sensitive(&value));
         }
 
         let gzip = match setting("COMPRESSION") {
@@ -666,7 +685,9 @@ mod tests {
         for bad in [
             "authorization",
             "bad key=v",
+            "Authorization: Basic s3cret=",
             "authorization=s3cret%zz",
+            "authorization=s3cret%+9",
             "authorization=s3cret%0Ainjected",
         ] {
             let e = parse_headers(bad, "OTEL_EXPORTER_OTLP_HEADERS")
@@ -703,9 +724,9 @@ mod tests {
             !format!("{m:?}").contains("generic"),
             "Debug shows no header value: {m:?}"
         );
-        c.headers = vec!["Authorization=flag".into()];
+        c.headers = vec!["Authorization=flag,with,commas".into()];
         let f = Collector::resolve(&c, Signal::Metrics, &vars).unwrap();
-        assert_eq!(f.headers["authorization"], "flag");
+        assert_eq!(f.headers["authorization"], "flag,with,commas");
 
         for (vars, says) in [
             (

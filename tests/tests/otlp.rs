@@ -340,6 +340,9 @@ fn plain_http_export_needs_no_system_certificates_and_https_says_what_it_needs()
     let run = |endpoint: &str, extra: &[&str]| {
         let out = Command::new(tokentap_bin())
             .args(["run", "--pid", "999999999", "--no-console", "--no-gpu"])
+            // Probes on: the privilege check waits for the kernel's word,
+            // so this runs as any user up to the made-up pid.
+            .args(["--health-addr", "127.0.0.1:0"])
             .args([
                 "--otlp-protocol",
                 "http/protobuf",
@@ -591,6 +594,7 @@ fn export_settings_that_cannot_work_stop_the_agent_at_start_with_the_reason() {
     let run = |env: &[(&str, &str)], extra: &[&str]| {
         let mut cmd = Command::new(tokentap_bin());
         cmd.args(["run", "--pid", "999999999", "--no-console", "--no-gpu"])
+            .args(["--health-addr", "127.0.0.1:0"])
             .args(["--otlp-endpoint", "https://127.0.0.1:9"])
             .args(extra);
         for (k, v) in env {

@@ -124,6 +124,14 @@ impl Exchange {
     }
 
     /// What the GPU join needs of a request still in flight.
+    /// Whether this exchange can end as an LLM request (a `POST` of an
+    /// operation the decoder knows; its status decides the rest, at the
+    /// end: `Finished::non_llm_route`). Only those count as in flight and
+    /// take a share of GPU energy.
+    pub fn may_be_llm(&self) -> bool {
+        self.format.operation().is_some() && self.method.eq_ignore_ascii_case("POST")
+    }
+
     pub fn in_flight(&self) -> crate::record::InFlight {
         crate::record::InFlight {
             seq: self.seq,

@@ -181,7 +181,7 @@ fn secs_at_least(s: &str, min: f64) -> Result<f64, String> {
         .trim()
         .parse()
         .map_err(|_| format!("want a number of seconds ≥ {min}"))?;
-    if !v.is_finite() || v < min {
+    if !v.is_finite() || v < min || Duration::try_from_secs_f64(v).is_err() {
         return Err(format!("want a number of seconds ≥ {min}"));
     }
     Ok(v)
@@ -192,7 +192,7 @@ fn secs_at_least_tenth(s: &str) -> Result<f64, String> {
     secs_at_least(s, 0.1)
 }
 
-fn secs_at_least_zero(s: &str) -> Result<f64, String> {
+pub fn secs_at_least_zero(s: &str) -> Result<f64, String> {
     secs_at_least(s, 0.0)
 }
 
@@ -422,10 +422,16 @@ pub fn resolve(f: &RunFlags, env: &dyn Env) -> Result<RunPlan> {
             })
         })
         .transpose()?;
+    // One protocol for metrics and events: the flag, else the variable
+    // (empty = unset, as for the endpoints).
     let protocol = match &f.otlp_protocol {
         Some(p) => p.parse::<OtlpProtocol>().map_err(anyhow::Error::msg)?,
-        None => match env.var("OTEL_EXPORTER_OTLP_PROTOCOL") {
+        None => match env
+            .var("OTEL_EXPORTER_OTLP_PROTOCOL")
+            .filter(|p| !p.trim().is_empty())
+        {
             Some(p) => p
+                .trim()
                 .parse::<OtlpProtocol>()
                 .map_err(|e| anyhow::anyhow!("OTEL_EXPORTER_OTLP_PROTOCOL: {e}"))?,
             None => OtlpProtocol::Grpc,
@@ -437,6 +443,11 @@ pub fn resolve(f: &RunFlags, env: &dyn Env) -> Result<RunPlan> {
     let export = f.otlp_endpoint.is_some()
         || named("OTEL_EXPORTER_OTLP_ENDPOINT")
         || named("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT");
+    if !export && named("OTEL_EXPORTER_OTLP_LOGS_ENDPOINT") {
+        eprintln!(
+            "tokentap: warning: OTEL_EXPORTER_OTLP_LOGS_ENDPOINT alone exports nothing: name the collector with --otlp-endpoint, OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"
+        );
+    }
     let metrics = export
         .then(|| -> Result<MetricsConfig> {
             Ok(MetricsConfig {
@@ -571,7 +582,10 @@ pub fn merge_config_file(args: &[String], run_args: &[String]) -> Result<Vec<Str
                 toml::Value::String(s) => s.clone(),
                 toml::Value::Integer(i) => i.to_string(),
                 toml::Value::Float(f) => f.to_string(),
-                other => bail!("config file {path}: `{key}` has an unsupported value {other:?}"),
+                other => bail!(
+                    "config file {path}: `{key}` has a value of a type an option cannot take ({}); want a string, number, boolean or a list of them",
+                    other.type_str()
+                ),
             })
         };
         let mut mine = vec![];
@@ -602,10 +616,13 @@ pub fn merge_config_file(args: &[String], run_args: &[String]) -> Result<Vec<Str
                         .trim_start_matches("error: ")
                         .to_string()
                 });
-            bail!(
-                "config file {path}: `{key} = {}`: {reason}",
+            // Header values carry credentials: never echoed.
+            let shown = if name == "otlp-header" {
+                "…".to_string()
+            } else {
                 toml_text(&value)
-            );
+            };
+            bail!("config file {path}: `{key} = {shown}`: {reason}");
         }
         extra.extend(mine);
     }
@@ -694,6 +711,8 @@ mod tests {
             (&["--console-interval", "0"], "--console-interval <SECS>"),
             (&["--console-window=-1"], "--console-window <SECS>"),
             (&["--duration=-1"], "≥ 0"),
+            (&["--duration", "1e20"], "≥ 0"),
+            (&["--export-interval", "inf"], "≥ 0.1"),
             (&["--max-tenants", "0"], "--max-tenants <N>"),
             (&["--max-models", "0"], "--max-models <N>"),
         ] {

@@ -221,6 +221,12 @@ impl Callers {
                 idx
             }
             None => {
+                if self.untracked == 0 {
+                    eprintln!(
+                        "tokentap: events: more than {} callers beyond the named ones remembered; later ones are not counted as new (raise [events] max_callers)",
+                        self.cfg.max_callers
+                    );
+                }
                 self.untracked += 1;
                 return;
             }
@@ -346,6 +352,7 @@ impl Callers {
         // window decays the baselines; a thousand of them leave nothing).
         if closable.saturating_sub(next) > 1000
             && self.open.range(..closable - 1000).next().is_none()
+            && self.new_unnamed.range(..closable - 1000).next().is_none()
         {
             for c in self.callers.values_mut() {
                 c.baseline = 0.0;

@@ -96,13 +96,15 @@ impl Http1Conn {
     }
 
     /// Requests waiting for (the end of) their response.
+    /// LLM requests in flight (probes and scrapes are not counted: see
+    /// `Exchange::may_be_llm`).
     pub fn in_flight(&self) -> usize {
-        self.queue.len()
+        self.queue.iter().filter(|x| x.may_be_llm()).count()
     }
 
     /// Each request in flight.
     pub fn each_in_flight(&self, f: &mut dyn FnMut(crate::record::InFlight)) {
-        for x in &self.queue {
+        for x in self.queue.iter().filter(|x| x.may_be_llm()) {
             f(x.in_flight());
         }
     }
