@@ -465,6 +465,33 @@ impl std::io::Read for BracketedFd {
 }
 
 /// A loopback port with nothing listening on it right now.
+/// A TCP connection to 127.0.0.1:`port` from the source address `src`.
+pub fn connect_from(src: std::net::Ipv4Addr, port: u16) -> std::net::TcpStream {
+    // SAFETY: plain socket calls on a fresh fd with valid sockaddr_in
+    // structs; the fd is handed to TcpStream, which owns and closes it.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        assert!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
+        let stream = <std::net::TcpStream as std::os::fd::FromRawFd>::from_raw_fd(fd);
+        let addr = |ip: std::net::Ipv4Addr, port: u16| libc::sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: port.to_be(),
+            sin_addr: libc::in_addr {
+                s_addr: u32::from_ne_bytes(ip.octets()),
+            },
+            sin_zero: [0; 8],
+        };
+        let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        let a = addr(src, 0);
+        let rc = libc::bind(fd, (&a as *const libc::sockaddr_in).cast(), len);
+        assert_eq!(rc, 0, "bind {src}: {}", std::io::Error::last_os_error());
+        let a = addr(std::net::Ipv4Addr::LOCALHOST, port);
+        let rc = libc::connect(fd, (&a as *const libc::sockaddr_in).cast(), len);
+        assert_eq!(rc, 0, "connect: {}", std::io::Error::last_os_error());
+        stream
+    }
+}
+
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())

@@ -304,3 +304,23 @@ fn replay_of_a_file_without_one_valid_line_fails() {
     assert!(!out.status.success(), "{stderr}");
     assert!(stderr.contains("no line is a capture event"), "{stderr}");
 }
+
+#[test]
+fn argument_errors_come_before_anything_nvml_says() {
+    // A pid that does not exist is an argument error: said at once, before
+    // the GPU sampler starts (and says the driver is missing). Probes on
+    // (`--health-addr`): no privilege check first, so any user runs this.
+    let out = std::process::Command::new(tokentap_tests::tokentap_bin())
+        .args(["run", "--pid", "999999999", "--no-console"])
+        .args(["--health-addr", "127.0.0.1:0"])
+        .env("TOKENTAP_NVML_LIBRARY", "/nonexistent/libnvidia-ml.so.1")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("no process with pid 999999999"), "{stderr}");
+    assert!(
+        !stderr.contains("NVML") && !stderr.contains("GPU metrics off"),
+        "NVML spoke before the argument error: {stderr}"
+    );
+}

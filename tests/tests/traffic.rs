@@ -8,7 +8,7 @@
 
 use std::{
     collections::BTreeMap,
-    net::TcpStream,
+    net::{Ipv4Addr, TcpStream},
     path::Path,
     process::Command,
     sync::{
@@ -19,37 +19,10 @@ use std::{
 };
 
 use tokentap_tests::{
-    assert_root, http, interrupt,
+    assert_root, connect_from, http, interrupt,
     otlp::{counter, histogram, start_receiver, sum_points},
     read_jsonl, scratch_dir, start, start_simengine, tokentap_bin,
 };
-
-/// A TCP connection to 127.0.0.1:`port` from `src` (any 127/8 address).
-fn connect_from(src: std::net::Ipv4Addr, port: u16) -> TcpStream {
-    use std::os::fd::FromRawFd;
-    let sin = |ip: std::net::Ipv4Addr, port: u16| libc::sockaddr_in {
-        sin_family: libc::AF_INET as libc::sa_family_t,
-        sin_port: port.to_be(),
-        sin_addr: libc::in_addr {
-            s_addr: u32::from(ip).to_be(),
-        },
-        sin_zero: [0; 8],
-    };
-    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
-    // SAFETY: a new socket, bound and connected with valid sockaddr_in
-    // values of the length given; the fd is owned by the TcpStream after.
-    unsafe {
-        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
-        assert!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
-        let from = sin(src, 0);
-        let rc = libc::bind(fd, &from as *const _ as *const libc::sockaddr, len);
-        assert_eq!(rc, 0, "bind {src}: {}", std::io::Error::last_os_error());
-        let to = sin(std::net::Ipv4Addr::LOCALHOST, port);
-        let rc = libc::connect(fd, &to as *const _ as *const libc::sockaddr, len);
-        assert_eq!(rc, 0, "connect: {}", std::io::Error::last_os_error());
-        TcpStream::from_raw_fd(fd)
-    }
-}
 
 #[test]
 #[ignore = "needs root: loads eBPF (cargo xtask test runs it as root)"]
@@ -103,7 +76,7 @@ fn probes_scrapes_and_model_listings_are_counted_apart_and_only_chats_are_llm_re
                 } else {
                     ("/health", "health")
                 };
-                let mut s = connect_from([127, 0, 0, 2].into(), port);
+                let mut s = connect_from(Ipv4Addr::new(127, 0, 0, 2), port);
                 let r = http::get(&mut s, path).expect("probe");
                 assert_eq!(r.status(), Some(200));
                 *sent.entry(class).or_default() += 1;
@@ -119,7 +92,7 @@ fn probes_scrapes_and_model_listings_are_counted_apart_and_only_chats_are_llm_re
     let scraper = {
         let stop = stop.clone();
         std::thread::spawn(move || {
-            let mut s = connect_from([127, 0, 0, 3].into(), port);
+            let mut s = connect_from(Ipv4Addr::new(127, 0, 0, 3), port);
             let mut n = 0u64;
             let r = http::get(&mut s, "/version").expect("unknown path");
             assert_eq!(r.status(), Some(404));
