@@ -14,7 +14,7 @@
 use std::{
     collections::HashMap,
     io::Write as _,
-    net::{Ipv4Addr, TcpStream},
+    net::Ipv4Addr,
     path::Path,
     process::Command,
     time::Duration,
