@@ -8,7 +8,6 @@
 
 pub mod capfile;
 pub mod capture;
-pub mod console;
 pub mod decode;
 pub mod discover;
 pub mod enginemetrics;
@@ -16,10 +15,10 @@ pub mod event;
 pub mod gpu;
 pub mod identity;
 pub mod kubemeta;
-pub mod metrics;
-pub mod otlp;
 pub mod pipeline;
 pub mod record;
 pub mod selftraffic;
+pub mod sinks;
 pub mod source;
 pub mod timeline;
+pub mod vocab;

@@ -155,7 +155,7 @@ struct ReplayArgs {
 
 fn main() -> ExitCode {
     // rustls-platform-verifier logs each refused certificate at ERROR; the
-    // export failure line already says why (metrics::ExplainingClient).
+    // export failure line already says why (sinks::otlp::exporter::ExplainingClient).
     env_logger::Builder::from_env(
         env_logger::Env::default().default_filter_or("warn,rustls_platform_verifier=off"),
     )

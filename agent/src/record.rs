@@ -2,9 +2,11 @@
 //! request (the request log's line; keys are a contract, see
 //! docs/metrics.md), and the pipeline's message to enrichers and sinks.
 //!
-//! Owns: the record's fields and their serialisation, the request log
-//! writer. Must not: depend on `decode` (the decoder builds records; records
-//! know nothing of how), or carry prompt or completion text.
+//! Owns: the record's fields and their serialisation, what counts as an
+//! LLM request (`RouteClass`). Must not: depend on `decode` (the decoder
+//! builds records; records know nothing of how) or on any stage or sink
+//! (`sinks::requests_log` writes records), or carry prompt or completion
+//! text.
 
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -212,94 +214,6 @@ impl std::ops::Deref for Finished {
     fn deref(&self) -> &RequestRecord {
         &self.record
     }
-}
-
-/// Writes the request log: JSON Lines, one [`RequestRecord`] per line.
-/// It holds no prompt or completion text, only metadata and numbers.
-pub struct RequestLog {
-    out: std::io::BufWriter<Box<dyn std::io::Write + Send>>,
-    pub records: u64,
-    /// Also write requests that are not LLM requests (`--log-all-requests`),
-    /// with `operation: null`.
-    all: bool,
-}
-
-impl RequestLog {
-    /// `-` writes to stdout; a path is appended to (a log survives restarts).
-    pub fn create(path: &std::path::Path) -> anyhow::Result<Self> {
-        Ok(Self {
-            out: std::io::BufWriter::new(append_or_stdout(path, "request log")?),
-            records: 0,
-            all: false,
-        })
-    }
-
-    /// Writes every request, LLM or not (`--log-all-requests`).
-    pub fn all_requests(mut self, all: bool) -> Self {
-        self.all = all;
-        self
-    }
-
-    pub fn write(&mut self, r: &RequestRecord) -> anyhow::Result<()> {
-        use std::io::Write as _;
-        serde_json::to_writer(&mut self.out, r)?;
-        self.out.write_all(b"\n")?;
-        self.records += 1;
-        Ok(())
-    }
-
-    pub fn flush(&mut self) -> anyhow::Result<()> {
-        use std::io::Write as _;
-        self.out.flush()?;
-        Ok(())
-    }
-}
-
-impl crate::pipeline::Sink for RequestLog {
-    fn record(&mut self, f: &Finished) -> anyhow::Result<()> {
-        self.write(&f.record)
-    }
-
-    fn other_request(&mut self, f: &Finished, _: RouteClass) -> anyhow::Result<()> {
-        if !self.all {
-            return Ok(());
-        }
-        // `operation: null` marks it as no LLM request (a 404 on a chat
-        // path had one by its path).
-        let r = RequestRecord {
-            operation: None,
-            ..f.record.clone()
-        };
-        self.write(&r)
-    }
-
-    fn tick(&mut self, _: &crate::pipeline::Tick<'_>) -> anyhow::Result<()> {
-        self.flush()
-    }
-
-    fn shutdown(mut self: Box<Self>, _: &crate::pipeline::Tick<'_>) -> anyhow::Result<()> {
-        self.flush()
-    }
-}
-
-/// A JSON Lines output: stdout for `-`, else `path` opened for appending
-/// (a log survives restarts); `what` names it in the error.
-pub fn append_or_stdout(
-    path: &std::path::Path,
-    what: &str,
-) -> anyhow::Result<Box<dyn std::io::Write + Send>> {
-    use anyhow::Context as _;
-    Ok(if path.as_os_str() == "-" {
-        Box::new(std::io::stdout())
-    } else {
-        Box::new(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(path)
-                .with_context(|| format!("cannot open {what} {}", path.display()))?,
-        )
-    })
 }
 
 /// RFC 3339 UTC with microseconds.

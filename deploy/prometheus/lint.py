@@ -61,7 +61,7 @@ AGENT_SRC = REPO / "agent" / "src"
 # histogram, counter (monotonic sum), updown (non-monotonic sum), gauge.
 # check_source() proves this table against agent/src, both ways.
 INSTRUMENTS: dict[str, tuple[str, str]] = {
-    # agent/src/metrics.rs: request instruments
+    # agent/src/sinks/otlp/mod.rs: request instruments
     "gen_ai.server.time_to_first_token": ("histogram", "s"),
     "gen_ai.server.time_per_output_token": ("histogram", "s"),
     "gen_ai.server.request.duration": ("histogram", "s"),
@@ -69,13 +69,13 @@ INSTRUMENTS: dict[str, tuple[str, str]] = {
     "tokentap.server.queue_time": ("histogram", "s"),
     "gen_ai.server.token.usage": ("histogram", "{token}"),
     "tokentap.requests": ("counter", "{request}"),
-    # agent/src/metrics.rs: requests that are not LLM requests, by route class
+    # agent/src/sinks/otlp/mod.rs: requests that are not LLM requests, by route class
     "tokentap.http.requests": ("counter", "{request}"),
-    # agent/src/metrics.rs: timeline events (agent/src/timeline/), one per
+    # agent/src/sinks/otlp/mod.rs: timeline events (agent/src/timeline/), one per
     # event, by kind
     "tokentap.events": ("counter", "{event}"),
     "tokentap.events.folded": ("counter", "{event}"),
-    # agent/src/metrics.rs: the agent's health
+    # agent/src/sinks/otlp/mod.rs: the agent's health
     "tokentap.capture.events": ("counter", "{event}"),
     "tokentap.capture.dropped": ("counter", "{record}"),
     "tokentap.decode.errors": ("counter", "{error}"),
@@ -88,7 +88,7 @@ INSTRUMENTS: dict[str, tuple[str, str]] = {
     "tokentap.export.failures": ("counter", "{export}"),
     "tokentap.connections.active": ("updown", "{connection}"),
     "tokentap.requests.in_flight": ("updown", "{request}"),
-    # agent/src/metrics.rs: engines' own /metrics
+    # agent/src/sinks/otlp/mod.rs: engines' own /metrics
     "tokentap.engine.kv_cache.usage": ("gauge", "1"),
     "tokentap.engine.requests.waiting": ("gauge", "{request}"),
     "tokentap.engine.requests.running": ("gauge", "{request}"),
@@ -113,7 +113,7 @@ INSTRUMENTS: dict[str, tuple[str, str]] = {
 # Attribute keys per instrument (OTel names; label = key with every
 # character outside [a-zA-Z0-9] made `_`). check_source() proves that each
 # key is set somewhere in agent/src (KeyValue::new); which instrument gets
-# which key is read from metrics.rs, gpu/instruments.rs and
+# which key is read from sinks/otlp/mod.rs, gpu/instruments.rs and
 # gpu/engine_instruments.rs by hand.
 REQUEST_KEYS = {
     "gen_ai.operation.name", "gen_ai.provider.name", "gen_ai.request.model",
@@ -884,9 +884,9 @@ def self_test() -> int:
              lambda a, r, t, d: t["tests"][0]["input_series"][0].update(series='tokentap_requests_total{hw_id="GPU-1"}'))
     breakage("an attribute the agent never sets", "is set nowhere in agent/src",
              lambda a, r, t, d: ATTRIBUTES.update({"hw.gpu.utilization": DEVICE_KEYS | {"hw.gpu.mig_profile"}}))
-    breakage("a table entry with a wrong unit", "has unit 's' in agent/src/metrics.rs, the table says 'ms'",
+    breakage("a table entry with a wrong unit", "has unit 's' in agent/src/sinks/otlp/mod.rs, the table says 'ms'",
              lambda a, r, t, d: INSTRUMENTS.update({"gen_ai.server.time_to_first_token": ("histogram", "ms")}))
-    breakage("a table entry with a wrong kind", "is built as 'counter' in agent/src/metrics.rs, the table says 'updown'",
+    breakage("a table entry with a wrong kind", "is built as 'counter' in agent/src/sinks/otlp/mod.rs, the table says 'updown'",
              lambda a, r, t, d: INSTRUMENTS.update({"tokentap.export.failures": ("updown", "{export}")}))
     breakage("an instrument missing from the table", "lacks",
              lambda a, r, t, d: INSTRUMENTS.pop("tokentap.self_requests"))

@@ -12,11 +12,7 @@
 //! the agent before it starts, naming the rule.
 
 use std::{
-    collections::HashMap,
-    io::Write as _,
-    net::Ipv4Addr,
-    path::Path,
-    process::Command,
+    collections::HashMap, io::Write as _, net::Ipv4Addr, path::Path, process::Command,
     time::Duration,
 };
 

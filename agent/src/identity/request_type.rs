@@ -286,7 +286,7 @@ fn check_name(name: &str) -> Result<()> {
             BUILT_INS.join(", ")
         );
     }
-    if name == crate::metrics::UNKNOWN || name == crate::metrics::OTHER {
+    if name == crate::vocab::UNKNOWN || name == crate::vocab::OTHER {
         bail!("`{name}` is reserved (metric attributes use it for missing values)");
     }
     Ok(())

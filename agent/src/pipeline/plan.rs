@@ -13,7 +13,7 @@ use clap::Args;
 
 use crate::{
     capture::{CaptureOptions, DataHooks},
-    metrics::{MetricsConfig, OtlpProtocol},
+    sinks::otlp::{MetricsConfig, OtlpProtocol},
 };
 
 #[derive(Args, Clone, Debug, Default)]

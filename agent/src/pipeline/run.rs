@@ -17,7 +17,6 @@ use super::{
 use crate::{
     capfile::Writer,
     capture::{Capture, ProcEvent},
-    console::ConsoleSink,
     decode::IdentityConfig,
     enginemetrics::task::{EngineMetricsTask, SharedEngineStates},
     event::SocketEvent,
@@ -32,8 +31,11 @@ use crate::{
         request_type::Rules,
     },
     kubemeta::{KubeMeta, KubePods},
-    metrics::{Extras, Metrics},
-    record::RequestLog,
+    sinks::{
+        console::ConsoleSink,
+        otlp::{Extras, Metrics},
+        requests_log::RequestLog,
+    },
     source::EventSource,
 };
 
@@ -119,7 +121,7 @@ pub async fn run(plan: RunPlan) -> Result<()> {
         ));
     }
     if let Some(p) = &plan.events_log {
-        pipe = pipe.sink(Box::new(crate::timeline::log::EventLog::create(p)?));
+        pipe = pipe.sink(Box::new(crate::sinks::events_log::EventLog::create(p)?));
     }
     if let Some(c) = &plan.console {
         pipe = pipe.sink(Box::new(ConsoleSink::new(c.clone())));
@@ -366,7 +368,7 @@ pub async fn replay(file: &Path, plan: &ReplayPlan) -> Result<()> {
         // (the config file's thresholds, else the defaults).
         pipe = pipe
             .timeline(crate::timeline::Timeline::new(events_cfg), false)
-            .sink(Box::new(crate::timeline::log::EventLog::create(p)?));
+            .sink(Box::new(crate::sinks::events_log::EventLog::create(p)?));
     }
     let mut batch = Vec::new();
     let mut n = 0u64;

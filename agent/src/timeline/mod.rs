@@ -29,8 +29,6 @@ pub mod config;
 pub mod drift;
 pub mod engines;
 pub mod gpu;
-pub mod log;
-pub mod otlp;
 #[cfg(test)]
 mod tests;
 

@@ -7,6 +7,12 @@
 //! caps, export failure accounting. Must not: block the capture loop (the
 //! SDK exports on its own thread; a dead collector only costs that thread
 //! retries) or put unbounded values into attributes.
+//!
+//! `exporter.rs` builds the exporters (one builder for metrics and logs);
+//! `events.rs` sends timeline events as OTLP log records.
+
+pub mod events;
+pub mod exporter;
 
 use std::{
     collections::{HashMap, HashSet},
@@ -31,6 +37,7 @@ use opentelemetry_sdk::{
     Resource,
 };
 
+pub use crate::vocab::{OTHER, UNKNOWN};
 use crate::{
     pipeline::{health::Health, Sink, Tick},
     record::{Finished, RequestRecord, RouteClass},
@@ -111,7 +118,7 @@ struct Counted<E> {
     failing: AtomicBool,
     target: String,
     /// The HTTP client's last failure (OTLP/HTTP only).
-    cause: Option<crate::otlp::LastCause>,
+    cause: Option<crate::sinks::otlp::exporter::LastCause>,
 }
 
 impl<E: PushMetricExporter> PushMetricExporter for Counted<E> {
@@ -129,7 +136,7 @@ impl<E: PushMetricExporter> PushMetricExporter for Counted<E> {
                 eprintln!(
                     "tokentap: OTLP export to {} failed ({}); capture goes on, the next interval retries",
                     self.target,
-                    crate::otlp::failure_text(e, self.cause.as_ref())
+                    crate::sinks::otlp::exporter::failure_text(e, self.cause.as_ref())
                 );
             }
         }
@@ -273,7 +280,7 @@ pub struct Metrics {
     cfg: MetricsConfig,
     /// The metrics exporter's resolved settings (each container's provider
     /// gets an exporter of its own built from them).
-    collector: crate::otlp::Collector,
+    collector: crate::sinks::otlp::exporter::Collector,
     health: Arc<Health>,
     provider: SdkMeterProvider,
     requests: RequestInstruments,
@@ -287,7 +294,7 @@ pub struct Metrics {
     events: Counter<u64>,
     /// The events as OTLP log records.
     /// None: the collector was named for metrics only.
-    event_export: Option<crate::timeline::otlp::EventExport>,
+    event_export: Option<crate::sinks::otlp::events::EventExport>,
 }
 
 /// An attribute with unbounded values (model names, tenants, callers): the
@@ -345,12 +352,6 @@ impl Capped {
         self.seen.is_empty()
     }
 }
-
-/// The value of an attribute the record does not know (never omitted:
-/// `gen_ai.provider.name` is required by the conventions).
-pub const UNKNOWN: &str = "unknown";
-/// The value unbounded attributes overflow into.
-pub const OTHER: &str = "other";
 
 /// Which cap an attribute's values count against.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -548,7 +549,7 @@ fn host_uts_name() -> Option<String> {
 /// gives one resource per provider.
 fn build_provider(
     cfg: &MetricsConfig,
-    collector: &crate::otlp::Collector,
+    collector: &crate::sinks::otlp::exporter::Collector,
     health: &Arc<Health>,
     extra: &[KeyValue],
 ) -> Result<SdkMeterProvider> {
@@ -612,7 +613,11 @@ impl Metrics {
             }
         }
         let env = |k: &str| std::env::var(k).ok();
-        let collector = crate::otlp::Collector::resolve(cfg, crate::otlp::Signal::Metrics, &env)?;
+        let collector = crate::sinks::otlp::exporter::Collector::resolve(
+            cfg,
+            crate::sinks::otlp::exporter::Signal::Metrics,
+            &env,
+        )?;
         let provider = build_provider(cfg, &collector, &health, &[])?;
         let meter = provider.meter("tokentap");
         let requests = RequestInstruments::new(&meter);
@@ -723,7 +728,11 @@ impl Metrics {
                 "Timeline events (engine, model version, caller, token drift, GPU) by kind",
             )
             .build();
-        let logs = crate::otlp::Collector::resolve(cfg, crate::otlp::Signal::Logs, &env)?;
+        let logs = crate::sinks::otlp::exporter::Collector::resolve(
+            cfg,
+            crate::sinks::otlp::exporter::Signal::Logs,
+            &env,
+        )?;
         // A collector named for metrics only (OTEL_EXPORTER_OTLP_METRICS_
         // ENDPOINT alone) has no place for the events: not exported rather
         // than sent to the SDK's localhost default and counted as failures.
@@ -733,7 +742,7 @@ impl Metrics {
             );
             None
         } else {
-            Some(crate::timeline::otlp::EventExport::new(
+            Some(crate::sinks::otlp::events::EventExport::new(
                 &logs,
                 health.clone(),
             )?)

@@ -26,8 +26,8 @@ use opentelemetry_sdk::{
 };
 use serde_json::Value;
 
-use super::Event;
 use crate::pipeline::health::Health;
+use crate::timeline::Event;
 
 /// The log exporter, with failures counted in `tokentap.export.failures`
 /// and said once per outage (a Collector without a `logs` pipeline
@@ -39,7 +39,7 @@ struct Counted<E> {
     health: Arc<Health>,
     failing: AtomicBool,
     /// The HTTP client's last failure (OTLP/HTTP only).
-    cause: Option<crate::otlp::LastCause>,
+    cause: Option<crate::sinks::otlp::exporter::LastCause>,
 }
 
 impl<E: LogExporter> LogExporter for Counted<E> {
@@ -56,7 +56,7 @@ impl<E: LogExporter> LogExporter for Counted<E> {
                 if !self.failing.swap(true, Ordering::Relaxed) {
                     eprintln!(
                         "tokentap: OTLP export of timeline events failed ({}); does the Collector have a logs pipeline? Events are still counted in tokentap.events and written to --events-log",
-                        crate::otlp::failure_text(e, self.cause.as_ref())
+                        crate::sinks::otlp::exporter::failure_text(e, self.cause.as_ref())
                     );
                 }
             }
@@ -93,10 +93,13 @@ fn any_value(v: &Value) -> AnyValue {
 
 impl EventExport {
     /// Needs a tokio runtime for gRPC (like the metrics exporter).
-    pub fn new(collector: &crate::otlp::Collector, health: Arc<Health>) -> Result<Self> {
+    pub fn new(
+        collector: &crate::sinks::otlp::exporter::Collector,
+        health: Arc<Health>,
+    ) -> Result<Self> {
         let (exporter, cause) = collector.log_exporter()?;
         let provider = SdkLoggerProvider::builder()
-            .with_resource(crate::metrics::agent_resource(&[]))
+            .with_resource(crate::sinks::otlp::agent_resource(&[]))
             .with_batch_exporter(Counted {
                 inner: exporter,
                 health,

@@ -7,10 +7,10 @@ use std::io::Write as _;
 
 use anyhow::Result;
 
-use super::Event;
 use crate::{
     pipeline::{Sink, Tick},
     record::Finished,
+    timeline::Event,
 };
 
 pub struct EventLog {
@@ -22,7 +22,7 @@ impl EventLog {
     /// `-` writes to stdout; a path is appended to.
     pub fn create(path: &std::path::Path) -> Result<Self> {
         Ok(Self {
-            out: std::io::BufWriter::new(crate::record::append_or_stdout(path, "events log")?),
+            out: std::io::BufWriter::new(crate::sinks::append_or_stdout(path, "events log")?),
             events: 0,
         })
     }

@@ -18,7 +18,7 @@ use opentelemetry_otlp::{
     Compression, Protocol, WithExportConfig, WithHttpConfig, WithTonicConfig,
 };
 
-use crate::metrics::{MetricsConfig, OtlpProtocol};
+use crate::sinks::otlp::{MetricsConfig, OtlpProtocol};
 
 /// How long one export may take unless `OTEL_EXPORTER_OTLP[_SIGNAL]_TIMEOUT`
 /// says (shorter than the specification's 10 s, so that a shutdown with
