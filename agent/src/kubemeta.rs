@@ -35,7 +35,10 @@ use kube::{
 };
 use tokio::sync::mpsc;
 
-use crate::{pipeline::enrich::Enricher, pipeline::NodeState, record::RequestRecord};
+use crate::{
+    record::RequestRecord,
+    stage::{Enricher, NodeState},
+};
 
 /// The pod label that overrides an engine's model version
 /// (`identity::model_version`), e.g. set by a rollout tool.

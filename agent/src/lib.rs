@@ -20,5 +20,6 @@ pub mod record;
 pub mod selftraffic;
 pub mod sinks;
 pub mod source;
+pub mod stage;
 pub mod timeline;
 pub mod vocab;

@@ -9,8 +9,9 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::{json, Value};
 use tokentap::{
-    pipeline::{health::Health, Pipeline, Sink, Tick},
+    pipeline::Pipeline,
     record::{Finished, RouteClass},
+    stage::{health::Health, Sink, Tick},
 };
 use tokentap_tests::transcript::{events, Transcript};
 

@@ -13,7 +13,7 @@ use std::{
 use anyhow::Result;
 
 use super::{scrape::ScrapeHandle, EngineState, Target};
-use crate::pipeline::{health::Health, Task, TaskCx};
+use crate::stage::{health::Health, Task, TaskCx};
 
 /// Engine pid → (engine name, port, state) of the last good scrape.
 pub type SharedEngineStates = Arc<Mutex<HashMap<u32, (String, u16, EngineState)>>>;

@@ -27,18 +27,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::types::{DeviceSample, GpuSample};
 
-/// What the join needs to know about processes (built from /proc by the
-/// GPU task).
-#[derive(Clone, Debug, Default)]
-pub struct ProcSnapshot {
-    /// Ancestors of each GPU process, nearest first (parent, grandparent, …).
-    pub ancestors: HashMap<u32, Vec<u32>>,
-    /// Container scope (the cgroup path of a container: kubepods, docker,
-    /// containerd, CRI-O, podman) of GPU processes and engines; absent for
-    /// processes outside a container (a shared system or user slice is not
-    /// a container).
-    pub container: HashMap<u32, String>,
-}
+pub use crate::stage::gpu::ProcSnapshot;
 
 /// An engine's GPUs at one sample.
 #[derive(Clone, Debug, Default, PartialEq)]

@@ -12,4 +12,8 @@ pub mod join;
 pub mod sampler;
 pub mod stage;
 pub mod task;
-pub mod types;
+pub mod types {
+    //! The sample contract, defined with the stage contracts
+    //! (`stage::gpu`) so that they import no feature.
+    pub use crate::stage::gpu::*;
+}

@@ -18,7 +18,7 @@ use super::{
 };
 use crate::{
     capture::procfs,
-    pipeline::{Task, TaskCx},
+    stage::{Task, TaskCx},
 };
 
 pub struct GpuTask {

@@ -8,12 +8,10 @@
 //! Owns: the rules for filling identity fields. Must not: change timing or
 //! token fields (those are the decoder's arithmetic).
 
-use super::NodeState;
-use crate::record::RequestRecord;
-
-pub trait Enricher {
-    fn enrich(&mut self, r: &mut RequestRecord, node: &NodeState);
-}
+use crate::{
+    record::RequestRecord,
+    stage::{Enricher, NodeState},
+};
 
 /// `provider` (gen_ai.provider.name) from the serving process's command
 /// line, when the wire did not already say (an API only one engine speaks,
@@ -62,7 +60,7 @@ impl Enricher for ModelVersion {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pipeline::ProcessInfo;
+    use crate::stage::ProcessInfo;
 
     fn rec(pid: u32, provider: Option<&str>) -> RequestRecord {
         RequestRecord {

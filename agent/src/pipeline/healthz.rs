@@ -11,8 +11,8 @@
 
 use std::{
     net::SocketAddr,
-    sync::{atomic::Ordering::Relaxed, Arc, OnceLock},
-    time::{Duration, Instant},
+    sync::{atomic::Ordering::Relaxed, Arc},
+    time::Duration,
 };
 
 use anyhow::{Context, Result};
@@ -21,7 +21,7 @@ use tokio::{
     net::{TcpListener, TcpStream},
 };
 
-use super::health::Health;
+use crate::stage::health::{uptime_ms, Health};
 
 /// A main loop silent this long is reported dead (the loop ticks at least
 /// every second; a GPU or scrape stall does not block it).
@@ -31,20 +31,9 @@ pub const STALL: Duration = Duration::from_secs(30);
 const MAX_HEAD: usize = 4096;
 const READ_TIMEOUT: Duration = Duration::from_secs(2);
 
-fn started() -> Instant {
-    static START: OnceLock<Instant> = OnceLock::new();
-    *START.get_or_init(Instant::now)
-}
-
-/// Milliseconds since the first call (the agent's start, in practice).
-pub fn uptime_ms() -> u64 {
-    started().elapsed().as_millis() as u64
-}
-
 /// Binds `addr` now (a taken port fails the start) and serves probes on
 /// the current tokio runtime until the process ends.
 pub async fn serve(addr: SocketAddr, health: Arc<Health>) -> Result<SocketAddr> {
-    started();
     health.beat();
     let l = TcpListener::bind(addr)
         .await

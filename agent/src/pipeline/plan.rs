@@ -13,7 +13,10 @@ use clap::Args;
 
 use crate::{
     capture::{CaptureOptions, DataHooks},
-    sinks::otlp::{MetricsConfig, OtlpProtocol},
+    sinks::{
+        console::ConsolePlan,
+        otlp::{MetricsConfig, OtlpProtocol},
+    },
 };
 
 #[derive(Args, Clone, Debug, Default)]
@@ -285,17 +288,6 @@ pub enum Targeting {
     Ports(Vec<u16>),
     /// Inference servers found by command line, now or later.
     Discover,
-}
-
-/// How the console view is shown.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ConsolePlan {
-    /// A redrawn table (stdout is a terminal) or plain `key=value` lines.
-    pub table: bool,
-    /// Lines go to stderr (the request log took stdout).
-    pub to_stderr: bool,
-    pub every: Duration,
-    pub window_s: u64,
 }
 
 /// Everything `run` needs, decided.

@@ -9,10 +9,9 @@ use anyhow::{bail, Context, Result};
 
 use super::{
     enrich::{Container, EngineName, ModelVersion},
-    health::Health,
     plan::{IdentityPlan, RunPlan, Targeting},
     targets::Targeter,
-    Pipeline, Task, TaskCx, TICK,
+    Pipeline, TICK,
 };
 use crate::{
     capfile::Writer,
@@ -37,6 +36,7 @@ use crate::{
         requests_log::RequestLog,
     },
     source::EventSource,
+    stage::{health::Health, Task, TaskCx},
 };
 
 /// Resolves when SIGINT or SIGTERM arrives.

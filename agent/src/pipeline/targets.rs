@@ -21,7 +21,8 @@ use std::{
 
 use anyhow::Result;
 
-use super::{plan::Targeting, NodeState, ProcessInfo, Task, TaskCx};
+use super::plan::Targeting;
+use crate::stage::{NodeState, ProcessInfo, Task, TaskCx};
 use crate::{
     capture::{procfs, Capture, ProcEvent},
     discover,

@@ -6,14 +6,28 @@
 //! Owns: the window of recent records (bounded by the window length).
 //! Must not: show prompt or completion text (records carry none).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::{
+    collections::{BTreeMap, VecDeque},
+    time::Duration,
+};
 
 use hdrhistogram::Histogram;
 
 use crate::{
-    pipeline::{plan::ConsolePlan, Sink, Tick},
     record::{Finished, RequestRecord},
+    stage::{Sink, Tick},
 };
+
+/// How the console view is shown.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ConsolePlan {
+    /// A redrawn table (stdout is a terminal) or plain `key=value` lines.
+    pub table: bool,
+    /// Lines go to stderr (the request log took stdout).
+    pub to_stderr: bool,
+    pub every: Duration,
+    pub window_s: u64,
+}
 
 /// What one finished request contributes to the view.
 #[derive(Clone, Debug)]

@@ -8,8 +8,8 @@ use std::io::Write as _;
 use anyhow::Result;
 
 use crate::{
-    pipeline::{Sink, Tick},
     record::Finished,
+    stage::{Sink, Tick},
     timeline::Event,
 };
 

@@ -4,8 +4,8 @@
 //! carry none.
 
 use crate::{
-    pipeline::{Sink, Tick},
     record::{Finished, RequestRecord, RouteClass},
+    stage::{Sink, Tick},
 };
 
 /// Writes the request log: JSON Lines, one [`RequestRecord`] per line.

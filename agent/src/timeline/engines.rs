@@ -6,8 +6,8 @@ use std::collections::{HashMap, HashSet};
 
 use super::{kind, round4, Config, Event};
 use crate::{
-    pipeline::{NodeState, ProcessInfo},
     record::Finished,
+    stage::{NodeState, ProcessInfo},
 };
 
 /// The engines serving HTTP at the last tick, and what they were.

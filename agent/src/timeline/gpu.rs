@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use super::{kind, round4, Config, Event};
 use crate::{
     gpu::types::{DeviceSample, GpuSample},
-    pipeline::NodeState,
+    stage::NodeState,
 };
 
 /// Reasons that mean the GPU is slowed against its will.
@@ -173,7 +173,7 @@ impl Gpus {
 mod tests {
     use super::*;
     use crate::gpu::types::GpuProcess;
-    use crate::pipeline::ProcessInfo;
+    use crate::stage::ProcessInfo;
 
     fn sample(t: u64, reasons: &[&str], used_gib: u64) -> GpuSample {
         GpuSample {

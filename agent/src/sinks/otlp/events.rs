@@ -26,7 +26,7 @@ use opentelemetry_sdk::{
 };
 use serde_json::Value;
 
-use crate::pipeline::health::Health;
+use crate::stage::health::Health;
 use crate::timeline::Event;
 
 /// The log exporter, with failures counted in `tokentap.export.failures`

@@ -39,8 +39,8 @@ use opentelemetry_sdk::{
 
 pub use crate::vocab::{OTHER, UNKNOWN};
 use crate::{
-    pipeline::{health::Health, Sink, Tick},
     record::{Finished, RequestRecord, RouteClass},
+    stage::{health::Health, Sink, Tick},
 };
 
 /// GenAI semantic conventions' explicit bucket boundaries.

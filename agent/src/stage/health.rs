@@ -78,8 +78,7 @@ pub struct HealthSnapshot {
 impl Health {
     /// The main loop is alive (called at every pass and tick).
     pub fn beat(&self) {
-        self.heartbeat_ms
-            .store(super::healthz::uptime_ms(), Relaxed);
+        self.heartbeat_ms.store(uptime_ms(), Relaxed);
     }
 
     /// Ready, or not ready and why.
@@ -154,4 +153,15 @@ impl HealthSnapshot {
         }
         s
     }
+}
+
+fn started() -> std::time::Instant {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    *START.get_or_init(std::time::Instant::now)
+}
+
+/// Milliseconds since the first call (the agent's start, in practice: the
+/// first heartbeat); the clock of the heartbeat and of `/healthz`.
+pub fn uptime_ms() -> u64 {
+    started().elapsed().as_millis() as u64
 }

@@ -2,7 +2,12 @@
 //! (`gpu/sampler.rs`), the engine ↔ GPU join (`gpu/join.rs`) and the OTLP
 //! GPU instruments. Plain data: no NVML types leak past the sampler.
 //!
-//! Owns: the sample types and their units. Must not: call NVML.
+//! Owns: the sample types and their units, and the /proc facts the join
+//! needs with a sample (`ProcSnapshot`): plain data the pipeline's
+//! `NodeState` carries from the GPU task to the GPU stage. Must not: call
+//! NVML. (Here, below the features, so that `stage` imports no feature.)
+
+use std::collections::HashMap;
 
 /// One sampling pass over every GPU (and MIG instance) NVML shows.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -58,4 +63,17 @@ pub struct GpuProcess {
     /// sample for it in that window (`NOT_FOUND`: nothing new; NVML only
     /// reports processes with non-zero use) or cannot say.
     pub sm_util: Option<f64>,
+}
+
+/// What the join needs to know about processes (built from /proc by the
+/// GPU task).
+#[derive(Clone, Debug, Default)]
+pub struct ProcSnapshot {
+    /// Ancestors of each GPU process, nearest first (parent, grandparent, …).
+    pub ancestors: HashMap<u32, Vec<u32>>,
+    /// Container scope (the cgroup path of a container: kubepods, docker,
+    /// containerd, CRI-O, podman) of GPU processes and engines; absent for
+    /// processes outside a container (a shared system or user slice is not
+    /// a container).
+    pub container: HashMap<u32, String>,
 }

@@ -1,0 +1,125 @@
+//! The stage contracts: what every feature implements or reads, below
+//! every feature and above the sources of facts. A [`Sink`] is an output,
+//! a [`Task`] periodic work beside the data path, an [`Enricher`] identity
+//! added to a finished record; [`NodeState`] is what tasks learnt about
+//! processes and enrichers read; [`health`] the agent's own counters.
+//!
+//! Owns: these traits and shared state types. Must not: import a feature,
+//! a sink or the pipeline (docs/architecture.md, "Rooms").
+
+pub mod events;
+pub mod gpu;
+pub mod health;
+
+use std::collections::HashMap;
+
+use anyhow::Result;
+
+use crate::{
+    capture::{Capture, ProcEvent},
+    event::SocketEvent,
+    record::{Finished, RequestRecord, RouteClass},
+};
+
+use self::gpu::{GpuSample, ProcSnapshot};
+
+/// Identity added to a finished record from what the agent knows about the
+/// process that served it (`pipeline/enrich.rs` has the enrichers).
+pub trait Enricher {
+    fn enrich(&mut self, r: &mut RequestRecord, node: &NodeState);
+}
+
+/// An output of finished requests (and of periodic state).
+pub trait Sink {
+    /// One finished, enriched LLM request.
+    fn record(&mut self, f: &Finished) -> Result<()>;
+    /// A finished request that is not an LLM request (a probe, a scrape, a
+    /// model listing, an unknown path: [`Finished::non_llm_route`]),
+    /// enriched with the engine's identity. Sinks that count or log such
+    /// traffic override this; nothing LLM-related may see it.
+    fn other_request(&mut self, _f: &Finished, _class: RouteClass) -> Result<()> {
+        Ok(())
+    }
+    /// One timeline event (engine, model version, caller, drift, GPU);
+    /// sinks that show or export events override this.
+    fn event(&mut self, _e: &events::Event) -> Result<()> {
+        Ok(())
+    }
+    /// Periodic work: flush, redraw, publish. Called once per pipeline tick.
+    fn tick(&mut self, t: &Tick<'_>) -> Result<()>;
+    /// Last chance to flush or export; called once, after the last record.
+    fn shutdown(self: Box<Self>, t: &Tick<'_>) -> Result<()>;
+}
+
+/// What a sink sees at a tick.
+pub struct Tick<'a> {
+    /// Wall-clock nanoseconds now.
+    pub now_ns: u64,
+    pub health: &'a health::HealthSnapshot,
+}
+
+/// What the agent knows about processes on this node, written by tasks
+/// (targeting today; container, GPU and model identity next) and read by
+/// enrichers.
+#[derive(Default, Debug)]
+pub struct NodeState {
+    pub processes: HashMap<u32, ProcessInfo>,
+    /// GPU samples (with the /proc facts the join needs) not yet taken by
+    /// the pipeline's GPU stage.
+    pub gpu_samples: Vec<(GpuSample, ProcSnapshot)>,
+    /// NVML stopped answering (every GPU lost, driver gone): the GPU stage
+    /// forgets its engine map until samples come back.
+    pub gpu_unavailable: bool,
+}
+
+impl NodeState {
+    /// Targets that serve HTTP (listen on TCP): the engines requests are
+    /// attributed to. Their children (GPU workers) are targets too, but
+    /// belong to them.
+    pub fn serving_pids(&self) -> Vec<u32> {
+        let mut v: Vec<u32> = self
+            .processes
+            .iter()
+            .filter(|(_, p)| !p.listen_ports.is_empty())
+            .map(|(pid, _)| *pid)
+            .collect();
+        v.sort_unstable();
+        v
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProcessInfo {
+    /// The engine its command line names (gen_ai.provider.name).
+    pub engine: Option<String>,
+    /// TCP ports it listens on (in its own network namespace), sorted.
+    pub listen_ports: Vec<u16>,
+    /// Its container (and pod), from its cgroup.
+    pub container: Option<crate::capture::procfs::ContainerIdentity>,
+    /// What it serves (`identity::model_version`), computed once when it
+    /// is named (and again when it execs), never per request.
+    pub model_version: Option<String>,
+    /// The served model as its command line names it (first served name,
+    /// else first model path): what timeline events call the engine's model.
+    pub model: Option<String>,
+}
+
+/// Periodic work beside the data path (finding engines, sampling GPUs).
+pub trait Task {
+    /// Runs once per pipeline tick, and as soon as process events arrive
+    /// (then possibly several times a second: keep the work proportional to
+    /// what changed, and rate-limit full scans yourself).
+    fn tick(&mut self, cx: &mut TaskCx<'_>) -> Result<()>;
+}
+
+/// What a task may use at a tick.
+pub struct TaskCx<'a> {
+    /// The live capture (None when replaying).
+    pub capture: Option<&'a mut Capture>,
+    pub node: &'a mut NodeState,
+    /// Socket events a task produces (seeded connections of a new target)
+    /// go here, into the next batch.
+    pub events: &'a mut Vec<SocketEvent>,
+    /// Process events (exec, fork, exit) since the last tick.
+    pub proc_events: &'a [ProcEvent],
+}
