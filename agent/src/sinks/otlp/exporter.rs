@@ -395,43 +395,56 @@ impl Collector {
         .map_err(|e| anyhow!("building the OTLP/HTTP client: {:#}", anyhow::Error::new(e)))
     }
 
+    /// A gRPC exporter builder (of either signal) with these settings.
+    fn tonic_settings<B: WithExportConfig + WithTonicConfig>(&self, b: B) -> B {
+        let mut b = b
+            .with_timeout(self.timeout)
+            .with_interceptor(self.grpc_interceptor());
+        if let Some(u) = &self.url {
+            b = b.with_endpoint(u.clone());
+        }
+        if let Some(t) = self.grpc_tls() {
+            b = b.with_tls_config(t);
+        }
+        if self.gzip {
+            b = b.with_compression(Compression::Gzip);
+        }
+        b
+    }
+
+    /// An HTTP exporter builder (of either signal) with these settings and
+    /// its own client, and where that client keeps its last failure.
+    fn http_settings<B: WithExportConfig + WithHttpConfig>(&self, b: B) -> Result<(B, LastCause)> {
+        let client = self.http_client()?;
+        let cause = client.last_cause.clone();
+        let mut b = b
+            .with_http_client(client)
+            .with_protocol(Protocol::HttpBinary)
+            .with_timeout(self.timeout);
+        if let Some(u) = &self.url {
+            b = b.with_endpoint(u.clone());
+        }
+        if self.gzip {
+            b = b.with_compression(Compression::Gzip);
+        }
+        Ok((b, cause))
+    }
+
     /// The metric exporter, and (over HTTP) where its client keeps the
     /// cause of its last failure.
     pub fn metric_exporter(
         &self,
     ) -> Result<(opentelemetry_otlp::MetricExporter, Option<LastCause>)> {
+        use opentelemetry_otlp::MetricExporter as E;
         Ok(match self.protocol {
-            OtlpProtocol::Grpc => {
-                let mut b = opentelemetry_otlp::MetricExporter::builder()
-                    .with_tonic()
-                    .with_timeout(self.timeout)
-                    .with_interceptor(self.grpc_interceptor());
-                if let Some(u) = &self.url {
-                    b = b.with_endpoint(u.clone());
-                }
-                if let Some(t) = self.grpc_tls() {
-                    b = b.with_tls_config(t);
-                }
-                if self.gzip {
-                    b = b.with_compression(Compression::Gzip);
-                }
-                let e = b.build().context("building the OTLP/gRPC exporter")?;
-                (e, None)
-            }
+            OtlpProtocol::Grpc => (
+                self.tonic_settings(E::builder().with_tonic())
+                    .build()
+                    .context("building the OTLP/gRPC exporter")?,
+                None,
+            ),
             OtlpProtocol::HttpProtobuf => {
-                let client = self.http_client()?;
-                let cause = client.last_cause.clone();
-                let mut b = opentelemetry_otlp::MetricExporter::builder()
-                    .with_http()
-                    .with_http_client(client)
-                    .with_protocol(Protocol::HttpBinary)
-                    .with_timeout(self.timeout);
-                if let Some(u) = &self.url {
-                    b = b.with_endpoint(u.clone());
-                }
-                if self.gzip {
-                    b = b.with_compression(Compression::Gzip);
-                }
+                let (b, cause) = self.http_settings(E::builder().with_http())?;
                 let e = b.build().context("building the OTLP/HTTP exporter")?;
                 (e, Some(cause))
             }
@@ -440,38 +453,16 @@ impl Collector {
 
     /// The log exporter (timeline events), as [`Self::metric_exporter`].
     pub fn log_exporter(&self) -> Result<(opentelemetry_otlp::LogExporter, Option<LastCause>)> {
+        use opentelemetry_otlp::LogExporter as E;
         Ok(match self.protocol {
-            OtlpProtocol::Grpc => {
-                let mut b = opentelemetry_otlp::LogExporter::builder()
-                    .with_tonic()
-                    .with_timeout(self.timeout)
-                    .with_interceptor(self.grpc_interceptor());
-                if let Some(u) = &self.url {
-                    b = b.with_endpoint(u.clone());
-                }
-                if let Some(t) = self.grpc_tls() {
-                    b = b.with_tls_config(t);
-                }
-                if self.gzip {
-                    b = b.with_compression(Compression::Gzip);
-                }
-                let e = b.build().context("building the OTLP/gRPC log exporter")?;
-                (e, None)
-            }
+            OtlpProtocol::Grpc => (
+                self.tonic_settings(E::builder().with_tonic())
+                    .build()
+                    .context("building the OTLP/gRPC log exporter")?,
+                None,
+            ),
             OtlpProtocol::HttpProtobuf => {
-                let client = self.http_client()?;
-                let cause = client.last_cause.clone();
-                let mut b = opentelemetry_otlp::LogExporter::builder()
-                    .with_http()
-                    .with_http_client(client)
-                    .with_protocol(Protocol::HttpBinary)
-                    .with_timeout(self.timeout);
-                if let Some(u) = &self.url {
-                    b = b.with_endpoint(u.clone());
-                }
-                if self.gzip {
-                    b = b.with_compression(Compression::Gzip);
-                }
+                let (b, cause) = self.http_settings(E::builder().with_http())?;
                 let e = b.build().context("building the OTLP/HTTP log exporter")?;
                 (e, Some(cause))
             }
