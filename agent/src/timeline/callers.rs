@@ -389,165 +389,220 @@ impl Callers {
     fn close(&mut self, idx: u64, out: &mut Vec<Event>) {
         let mut stats = self.open.remove(&idx).unwrap_or_default();
         let ts = (idx + 1) * self.window_ns;
-        let window_s = self.cfg.window_s;
-        let cfg = &self.cfg;
-        let in_flight = self.in_flight;
         for (key, c) in self.callers.iter_mut() {
             if idx < c.first_window {
                 continue;
             }
             let mut w = stats.remove(key).unwrap_or_default();
-            let n = w.requests;
             let ttft_p95 = p95(&mut w.ttfts);
-            let gpu = (w.gpu_n > 0).then(|| round4(w.gpu_sum / w.gpu_n as f64));
-            let state = |e: Event, c: &CallerState| {
-                e.with(c.attr, c.name.as_str())
-                    .with("gen_ai.provider.name", c.ctx.provider.clone())
-                    .with("gen_ai.request.model", c.ctx.model.clone())
-                    .with("tokentap.model.version", c.ctx.model_version.clone())
-                    .with("process.pid", c.ctx.pid)
-                    .with("window_s", window_s)
-                    .with("requests", n)
-                    .with("concurrency", round4(w.busy_s / window_s))
-                    .with("in_flight_requests", in_flight as u64)
-                    .with("ttft_p95_s", ttft_p95.map(round4))
-                    .with("gpu_utilization", gpu)
+            let j = Judged {
+                cfg: &self.cfg,
+                ts,
+                n: w.requests,
+                ttft_p95,
+                gpu: (w.gpu_n > 0).then(|| round4(w.gpu_sum / w.gpu_n as f64)),
+                in_flight: self.in_flight,
+                w,
             };
-
-            // Surge, against the baseline before this window.
-            let threshold = (cfg.surge_factor * c.baseline).max(cfg.surge_min_requests as f64);
-            let warm = c.windows >= cfg.warmup_windows;
-            if warm && !c.surging && n as f64 >= threshold {
-                c.surging = true;
-                let factor = n as f64 / c.baseline.max(f64::MIN_POSITIVE);
-                let ttft = match (ttft_p95, c.baseline_ttft_p95) {
-                    (Some(a), Some(b)) => format!(" (TTFT p95 {a:.3} s vs {b:.3} s)"),
-                    (Some(a), None) => format!(" (TTFT p95 {a:.3} s)"),
-                    _ => String::new(),
-                };
-                out.push(
-                    state(
-                        Event::new(
-                            ts,
-                            kind::CALLER_SURGE,
-                            format!(
-                                "{}: {n} requests in {window_s} s, {:.1}× its baseline of {:.1}{ttft}",
-                                who(c.attr, &c.name),
-                                factor.min(1e6),
-                                c.baseline
-                            ),
-                        ),
-                        c,
-                    )
-                    .with("rate_rps", round4(n as f64 / window_s))
-                    .with("baseline_requests", round4(c.baseline))
-                    .with("baseline_rps", round4(c.baseline / window_s))
-                    .with("baseline_ttft_p95_s", c.baseline_ttft_p95.map(round4)),
-                );
-            } else if c.surging && (n as f64) < 0.7 * threshold {
-                c.surging = false;
-            }
-
-            // Error bursts, by kind.
-            for (k, name) in ERROR_KINDS.iter().enumerate() {
-                let m = w.errors[k];
-                let frac = if n > 0 { m as f64 / n as f64 } else { 0.0 };
-                if !c.bursting[k] && m >= cfg.error_burst_min && frac >= cfg.error_burst_fraction {
-                    c.bursting[k] = true;
-                    out.push(
-                        state(
-                            Event::new(
-                                ts,
-                                kind::CALLER_ERROR_BURST,
-                                format!(
-                                    "{}: {m} of {n} requests failed with {name} in {window_s} s",
-                                    who(c.attr, &c.name)
-                                ),
-                            ),
-                            c,
-                        )
-                        .with("error.type", *name)
-                        .with("errors", m)
-                        .with("error_fraction", round4(frac)),
-                    );
-                } else if c.bursting[k]
-                    && (2 * m < cfg.error_burst_min || frac < cfg.error_burst_fraction / 2.0)
-                {
-                    c.bursting[k] = false;
-                }
-            }
-
-            // Retry storms: repeated bodies after failures.
-            let errs = w.errors_total();
-            let repeat_frac = if n > 0 {
-                w.repeats as f64 / n as f64
-            } else {
-                0.0
-            };
-            if !c.storming
-                && w.repeats >= cfg.retry_storm_min
-                && repeat_frac >= cfg.retry_storm_fraction
-                && errs + c.prev_errors > 0
-            {
-                c.storming = true;
-                let repeated: Vec<u32> = w.fps.values().copied().filter(|&x| x >= 2).collect();
-                let max = repeated.iter().copied().max().unwrap_or(0);
-                out.push(
-                    state(
-                        Event::new(
-                            ts,
-                            kind::CALLER_RETRY_STORM,
-                            format!(
-                                "{}: {} repeated requests ({} distinct bodies, one sent {max} times) in {window_s} s after {} failed requests",
-                                who(c.attr, &c.name),
-                                w.repeats,
-                                repeated.len(),
-                                errs + c.prev_errors
-                            ),
-                        ),
-                        c,
-                    )
-                    .with("repeated_requests", w.repeats)
-                    .with("repeated_fraction", round4(repeat_frac))
-                    .with("distinct_repeated_bodies", repeated.len() as u64)
-                    .with("max_repeats_of_one_body", max)
-                    .with("errors", errs)
-                    .with("errors_window_before", c.prev_errors)
-                    .with("error_counts", error_counts(&w.errors)),
-                );
-            } else if c.storming
-                && (2 * w.repeats < cfg.retry_storm_min
-                    || repeat_frac < cfg.retry_storm_fraction / 2.0)
-            {
-                c.storming = false;
-            }
-            c.prev_errors = errs;
-
-            // The baseline learns from this window (a running mean during
-            // warm-up, then a moving average).
-            if c.windows < cfg.warmup_windows {
-                c.baseline = (c.baseline * c.windows as f64 + n as f64) / (c.windows as f64 + 1.0);
-            } else {
-                c.baseline += cfg.baseline_alpha * (n as f64 - c.baseline);
-            }
-            if !c.surging {
-                if let Some(p) = ttft_p95 {
-                    c.baseline_ttft_p95 = Some(match c.baseline_ttft_p95 {
-                        Some(b) => b + cfg.baseline_alpha.max(0.2) * (p - b),
-                        None => p,
-                    });
-                }
-            }
-            c.windows = c.windows.saturating_add(1);
+            j.surge(c, out);
+            j.error_bursts(c, out);
+            j.retry_storm(c, out);
+            j.learn(c);
         }
         if let Some(m) = self.new_unnamed.remove(&idx) {
-            out.push(unnamed_summary(ts, m, cfg));
+            out.push(unnamed_summary(ts, m, &self.cfg));
         }
         let evict = self.evict_windows;
         self.callers
             .retain(|_, c| c.last_active_window + evict >= idx);
         self.unnamed_first
             .retain(|_, (_, last)| *last + evict >= idx);
+    }
+}
+
+/// A surge re-arms once a window falls below this fraction of its bound
+/// (hysteresis: a rate hovering at the bound is one episode, not many).
+const SURGE_REARM_FRACTION: f64 = 0.7;
+
+/// The TTFT baseline follows at least this fast, whatever
+/// `baseline_alpha` says: latency baselines must catch up with a new
+/// model or GPU within a few windows, request rates may learn slower.
+const TTFT_BASELINE_MIN_WEIGHT: f64 = 0.2;
+
+/// A surge's factor over a baseline near zero is shown capped, so that the
+/// message stays readable (the attributes carry the exact counts).
+const FACTOR_SHOWN_MAX: f64 = 1e6;
+
+/// One caller's closed window, with what every event about it carries.
+/// Each detector is one method: it judges the window against the caller's
+/// state, may emit one event, and re-arms with hysteresis.
+struct Judged<'a> {
+    cfg: &'a Config,
+    /// The window's end (the events' time).
+    ts: u64,
+    w: WindowStats,
+    n: u32,
+    ttft_p95: Option<f64>,
+    gpu: Option<f64>,
+    in_flight: usize,
+}
+
+impl Judged<'_> {
+    /// `e` with the caller, its latest context and the window's evidence.
+    fn state(&self, e: Event, c: &CallerState) -> Event {
+        let window_s = self.cfg.window_s;
+        e.with(c.attr, c.name.as_str())
+            .with("gen_ai.provider.name", c.ctx.provider.clone())
+            .with("gen_ai.request.model", c.ctx.model.clone())
+            .with("tokentap.model.version", c.ctx.model_version.clone())
+            .with("process.pid", c.ctx.pid)
+            .with("window_s", window_s)
+            .with("requests", self.n)
+            .with("concurrency", round4(self.w.busy_s / window_s))
+            .with("in_flight_requests", self.in_flight as u64)
+            .with("ttft_p95_s", self.ttft_p95.map(round4))
+            .with("gpu_utilization", self.gpu)
+    }
+
+    /// `caller.surge`, against the baseline before this window.
+    fn surge(&self, c: &mut CallerState, out: &mut Vec<Event>) {
+        let (cfg, n, window_s) = (self.cfg, self.n, self.cfg.window_s);
+        let threshold = (cfg.surge_factor * c.baseline).max(cfg.surge_min_requests as f64);
+        let warm = c.windows >= cfg.warmup_windows;
+        if warm && !c.surging && n as f64 >= threshold {
+            c.surging = true;
+            let factor = n as f64 / c.baseline.max(f64::MIN_POSITIVE);
+            let ttft = match (self.ttft_p95, c.baseline_ttft_p95) {
+                (Some(a), Some(b)) => format!(" (TTFT p95 {a:.3} s vs {b:.3} s)"),
+                (Some(a), None) => format!(" (TTFT p95 {a:.3} s)"),
+                _ => String::new(),
+            };
+            out.push(
+                self.state(
+                    Event::new(
+                        self.ts,
+                        kind::CALLER_SURGE,
+                        format!(
+                            "{}: {n} requests in {window_s} s, {:.1}× its baseline of {:.1}{ttft}",
+                            who(c.attr, &c.name),
+                            factor.min(FACTOR_SHOWN_MAX),
+                            c.baseline
+                        ),
+                    ),
+                    c,
+                )
+                .with("rate_rps", round4(n as f64 / window_s))
+                .with("baseline_requests", round4(c.baseline))
+                .with("baseline_rps", round4(c.baseline / window_s))
+                .with("baseline_ttft_p95_s", c.baseline_ttft_p95.map(round4)),
+            );
+        } else if c.surging && (n as f64) < SURGE_REARM_FRACTION * threshold {
+            c.surging = false;
+        }
+    }
+
+    /// `caller.error_burst`, one per error kind; re-armed below half its
+    /// count or fraction.
+    fn error_bursts(&self, c: &mut CallerState, out: &mut Vec<Event>) {
+        let (cfg, n, window_s) = (self.cfg, self.n, self.cfg.window_s);
+        for (k, name) in ERROR_KINDS.iter().enumerate() {
+            let m = self.w.errors[k];
+            let frac = if n > 0 { m as f64 / n as f64 } else { 0.0 };
+            if !c.bursting[k] && m >= cfg.error_burst_min && frac >= cfg.error_burst_fraction {
+                c.bursting[k] = true;
+                out.push(
+                    self.state(
+                        Event::new(
+                            self.ts,
+                            kind::CALLER_ERROR_BURST,
+                            format!(
+                                "{}: {m} of {n} requests failed with {name} in {window_s} s",
+                                who(c.attr, &c.name)
+                            ),
+                        ),
+                        c,
+                    )
+                    .with("error.type", *name)
+                    .with("errors", m)
+                    .with("error_fraction", round4(frac)),
+                );
+            } else if c.bursting[k]
+                && (2 * m < cfg.error_burst_min || frac < cfg.error_burst_fraction / 2.0)
+            {
+                c.bursting[k] = false;
+            }
+        }
+    }
+
+    /// `caller.retry_storm`: repeated bodies after failures (in this window
+    /// or the one before); re-armed below half its count or fraction.
+    fn retry_storm(&self, c: &mut CallerState, out: &mut Vec<Event>) {
+        let (cfg, n, w) = (self.cfg, self.n, &self.w);
+        let errs = w.errors_total();
+        let repeat_frac = if n > 0 {
+            w.repeats as f64 / n as f64
+        } else {
+            0.0
+        };
+        if !c.storming
+            && w.repeats >= cfg.retry_storm_min
+            && repeat_frac >= cfg.retry_storm_fraction
+            && errs + c.prev_errors > 0
+        {
+            c.storming = true;
+            let repeated: Vec<u32> = w.fps.values().copied().filter(|&x| x >= 2).collect();
+            let max = repeated.iter().copied().max().unwrap_or(0);
+            out.push(
+                self.state(
+                    Event::new(
+                        self.ts,
+                        kind::CALLER_RETRY_STORM,
+                        format!(
+                            "{}: {} repeated requests ({} distinct bodies, one sent {max} times) in {} s after {} failed requests",
+                            who(c.attr, &c.name),
+                            w.repeats,
+                            repeated.len(),
+                            cfg.window_s,
+                            errs + c.prev_errors
+                        ),
+                    ),
+                    c,
+                )
+                .with("repeated_requests", w.repeats)
+                .with("repeated_fraction", round4(repeat_frac))
+                .with("distinct_repeated_bodies", repeated.len() as u64)
+                .with("max_repeats_of_one_body", max)
+                .with("errors", errs)
+                .with("errors_window_before", c.prev_errors)
+                .with("error_counts", error_counts(&w.errors)),
+            );
+        } else if c.storming
+            && (2 * w.repeats < cfg.retry_storm_min || repeat_frac < cfg.retry_storm_fraction / 2.0)
+        {
+            c.storming = false;
+        }
+        c.prev_errors = errs;
+    }
+
+    /// The baselines learn from this window: the request rate as a running
+    /// mean during warm-up, then a moving average; the TTFT p95 from
+    /// windows without a surge.
+    fn learn(&self, c: &mut CallerState) {
+        let (cfg, n) = (self.cfg, self.n as f64);
+        if c.windows < cfg.warmup_windows {
+            c.baseline = (c.baseline * c.windows as f64 + n) / (c.windows as f64 + 1.0);
+        } else {
+            c.baseline += cfg.baseline_alpha * (n - c.baseline);
+        }
+        if !c.surging {
+            if let Some(p) = self.ttft_p95 {
+                c.baseline_ttft_p95 = Some(match c.baseline_ttft_p95 {
+                    Some(b) => b + cfg.baseline_alpha.max(TTFT_BASELINE_MIN_WEIGHT) * (p - b),
+                    None => p,
+                });
+            }
+        }
+        c.windows = c.windows.saturating_add(1);
     }
 }
 
