@@ -33,7 +33,7 @@ done
 here=$(cd "$(dirname "$0")" && pwd)
 
 if [[ ! -x $binary ]]; then
-    echo "build-image.sh: no agent binary at $binary (build it: cargo xtask build --release)" >&2
+    echo "build-image.sh: no agent binary at $binary (build it: cargo xtask build --dist)" >&2
     exit 1
 fi
 # The eBPF object is compiled into the binary; refuse one without it.

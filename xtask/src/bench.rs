@@ -40,7 +40,7 @@ pub fn run(which: &str, secs: f64, rounds: usize) -> Result<()> {
     if parts.contains(&"engine") {
         crate::peers()?;
     }
-    crate::build(true)?;
+    crate::build(crate::Profile::Dist)?;
     let mut rows = vec![];
     for p in parts {
         rows.extend(match *p {
@@ -195,7 +195,10 @@ pub fn machine() -> String {
 }
 
 pub(crate) fn bin(name: &str) -> PathBuf {
-    root().join("target/release").join(name)
+    root()
+        .join("target")
+        .join(crate::Profile::Dist.dir())
+        .join(name)
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -398,7 +401,7 @@ fn measure_with(workload: &[&str], tracer: Tracer, prog_stats: bool) -> Result<S
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
-        .context("starting benchpeer (built by `cargo xtask build --release`)")?;
+        .context("starting benchpeer (built by `cargo xtask build --dist`)")?;
     let mut stdin = child.stdin.take().context("stdin")?;
     let rx = lines(child.stdout.take().context("stdout")?);
     let mut peer = Spawned { child, rx };

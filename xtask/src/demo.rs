@@ -58,7 +58,7 @@ pub fn run(secs: u64) -> Result<()> {
     if unsafe { libc::geteuid() } != 0 {
         bail!("the demo loads eBPF programs: run it as root");
     }
-    crate::build(true)?;
+    crate::build(crate::Profile::Release)?;
     let bin = root().join("target/release");
     let mut engine = Command::new(bin.join("simengine"))
         .stdout(Stdio::piped())

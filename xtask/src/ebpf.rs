@@ -28,6 +28,12 @@ pub fn build(tc: &Toolchain) -> Result<PathBuf> {
             "-Z",
             "build-std=core",
             "--release",
+            // Whatever the workspace's release profile says: the programs
+            // are linked from one fat-LTO module, as they always were.
+            "--config",
+            "profile.release.lto=\"fat\"",
+            "--config",
+            "profile.release.codegen-units=1",
             "--target-dir",
             "target/bpf",
         ])

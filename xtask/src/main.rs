@@ -31,9 +31,14 @@ enum Cmd {
     Setup,
     /// Build the eBPF object and the agent with it embedded.
     Build {
-        /// Build the agent in release mode.
-        #[arg(long)]
+        /// Build the agent optimised (the `release` profile: what `cargo
+        /// xtask run` runs; linked in about a minute on 2 cores).
+        #[arg(long, conflicts_with = "dist")]
         release: bool,
+        /// Build the agent fully optimised (the `dist` profile: fat LTO, one
+        /// code unit; what the image and the benchmarks use).
+        #[arg(long)]
+        dist: bool,
     },
     /// Build (release) and run the agent as root: `cargo xtask run -- capture --port 8000 --out cap.jsonl`.
     Run {
@@ -121,7 +126,13 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let res = match cli.cmd {
         Cmd::Setup => toolchain::ensure().map(|_| ()),
-        Cmd::Build { release } => build(release),
+        Cmd::Build { release, dist } => build(if dist {
+            Profile::Dist
+        } else if release {
+            Profile::Release
+        } else {
+            Profile::Dev
+        }),
         Cmd::Run { args } => run(args),
         Cmd::Test { args } => testrun::test(args),
         Cmd::Peers => peers(),
@@ -144,21 +155,49 @@ fn main() -> ExitCode {
     }
 }
 
+/// A cargo profile of the workspace's binaries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Profile {
+    /// Unoptimised (the test suite).
+    Dev,
+    /// Optimised, linked fast: what a newcomer runs (`cargo xtask run`).
+    Release,
+    /// Fully optimised (fat LTO, one code unit): the image and benchmarks.
+    Dist,
+}
+
+impl Profile {
+    /// The profile's folder under `target/`.
+    pub fn dir(self) -> &'static str {
+        match self {
+            Profile::Dev => "debug",
+            Profile::Release => "release",
+            Profile::Dist => "dist",
+        }
+    }
+
+    fn args(self) -> &'static [&'static str] {
+        match self {
+            Profile::Dev => &[],
+            Profile::Release => &["--release"],
+            Profile::Dist => &["--profile", "dist"],
+        }
+    }
+}
+
 /// eBPF object, then the agent (and the test/peer binaries) embedding it.
-pub fn build(release: bool) -> Result<()> {
+pub fn build(profile: Profile) -> Result<()> {
     let tc = toolchain::ensure()?;
     let obj = ebpf::build(&tc)?;
     let mut cmd = util::cargo();
-    cmd.args(["build", "--workspace", "--bins"]);
-    if release {
-        cmd.arg("--release");
-    }
+    cmd.args(["build", "--workspace", "--bins"])
+        .args(profile.args());
     cmd.env("TOKENTAP_EBPF_OBJ", &obj);
     util::run(&mut cmd)
 }
 
 fn run(args: Vec<String>) -> Result<()> {
-    build(true)?;
+    build(Profile::Release)?;
     let bin = util::root().join("target/release/tokentap");
     let mut cmd = std::process::Command::new(bin);
     cmd.args(args);
@@ -213,12 +252,13 @@ pub fn container_tools() -> Result<()> {
     util::run(std::process::Command::new("bash").arg(script))
 }
 
-/// `cargo xtask image`: release agent, then the scratch image.
+/// `cargo xtask image`: the fully optimised agent, then the scratch image.
 pub fn image(tag: &str, push: bool, archive: Option<&std::path::Path>) -> Result<()> {
     let tc = toolchain::ensure()?;
     let obj = ebpf::build(&tc)?;
     let mut cmd = util::cargo();
-    cmd.args(["build", "--release", "-p", "tokentap", "--bin", "tokentap"]);
+    cmd.args(["build", "-p", "tokentap", "--bin", "tokentap"])
+        .args(Profile::Dist.args());
     cmd.env("TOKENTAP_EBPF_OBJ", &obj);
     util::run(&mut cmd)?;
     let have_buildah = std::process::Command::new("buildah")
@@ -236,7 +276,7 @@ pub fn image(tag: &str, push: bool, archive: Option<&std::path::Path>) -> Result
     let mut b = std::process::Command::new("bash");
     b.arg(util::root().join("deploy/container/build-image.sh"))
         .arg("--binary")
-        .arg(util::root().join("target/release/tokentap"))
+        .arg(util::root().join("target/dist/tokentap"))
         .args(["--tag", tag]);
     if let Some(a) = archive {
         b.arg("--archive").arg(a);

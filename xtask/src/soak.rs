@@ -51,7 +51,7 @@ pub fn soak(secs: f64) -> Result<Vec<Row>> {
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
-        .context("starting simengine (built by `cargo xtask build --release`)")?;
+        .context("starting simengine (built by `cargo xtask build --dist`)")?;
     let rx = lines(engine.stdout.take().context("stdout")?);
     let engine = Spawned { child: engine, rx };
     let port: u16 = engine

@@ -43,7 +43,7 @@ pub fn test(args: Vec<String>) -> Result<()> {
             "xtask: not root: the root tests will be reported as ignored; peers not installed"
         );
     }
-    build(false)?;
+    build(crate::Profile::Dev)?;
     if root && selects_container_test(&args) {
         // The container test runs the image exactly as `cargo xtask image`
         // builds it.
