@@ -133,10 +133,17 @@ pub(crate) fn emit(id: u64, p: &Pending, r: i64) {
     // contiguous buffer that fits one record. No loop, one copy.
     let sh = shape(p.syscall);
     if sh == Shape::Flat && remaining <= CHUNK_BYTES as u64 {
+        // The mask gives the verifier a bound it can see (< 2 * CHUNK_BYTES,
+        // the scratch buffer's length); the clamp makes it one record's
+        // payload.
         let mut n = remaining & (2 * CHUNK_BYTES as u64 - 1);
         if n > CHUNK_BYTES as u64 {
             n = CHUNK_BYTES as u64;
         }
+        // SAFETY: `n` ≤ CHUNK_BYTES < `s.buf.len()` (2 * CHUNK_BYTES), so
+        // the write stays in the per-CPU scratch record; the source is the traced
+        // process's memory, read by the helper (a bad pointer returns an
+        // error, counted as a read fault, never a kernel fault).
         let rc = unsafe {
             bpf_probe_read_user(
                 s.buf.as_mut_ptr().cast(),

@@ -71,22 +71,32 @@ pub struct CaptureOptions {
     pub arrival: bool,
     /// Which hooks capture socket data.
     pub data_hooks: DataHooks,
-    /// The capture path as it was before issue 14's cheaper path, kept as
-    /// the benchmark's reference: syscall-tracepoint data hooks, the ring
-    /// buffer read one record at a time (aya's reader, publishing the
-    /// read position after each record), a reader wake-up every 64
-    /// records per CPU.
+    /// The benchmark's reference capture path (`cargo xtask bench capture`
+    /// measures the shipped path against it in the same run):
+    /// syscall-tracepoint data hooks, the ring buffer read one record at a
+    /// time (aya's reader, publishing the read position after each
+    /// record), a reader wake-up every 64 records per CPU.
     pub capture_reference: bool,
 }
+
+/// `--ring-buffer-bytes` by default: 16 MiB, about 2,000 records of a full
+/// 8 KiB chunk and far more of the few-hundred-byte SSE writes that make
+/// most records, so a slow agent pass drops nothing (the capture bench's
+/// drop row, docs/benchmarks.md).
+pub const DEFAULT_RING_BYTES: u32 = 16 << 20;
+
+/// `--max-conns` by default: the size the CONNS map is compiled with
+/// (`agent-ebpf/src/maps.rs`), a few bytes of kernel memory each.
+pub const DEFAULT_MAX_CONNS: u32 = 65536;
 
 impl Default for CaptureOptions {
     fn default() -> Self {
         Self {
             pids: vec![],
             ports: vec![],
-            ring_bytes: 16 << 20,
+            ring_bytes: DEFAULT_RING_BYTES,
             max_call_bytes: DEFAULT_MAX_CALL_BYTES,
-            max_conns: 65536,
+            max_conns: DEFAULT_MAX_CONNS,
             proc_root: PathBuf::from("/proc"),
             allow_no_targets: false,
             arrival: true,
@@ -168,8 +178,9 @@ fn wakeup_every(ring_bytes: u32, cap: u32) -> u32 {
     1 << (31 - fit.leading_zeros())
 }
 
-/// Forced wake-up interval cap: 256 records per CPU; 64 for
-/// `--capture-reference` (the capture path before issue 14).
+/// Forced wake-up interval cap: 256 records per CPU (the reader is woken
+/// once per that many records, not per record); 64 for the benchmark's
+/// reference path (`--capture-reference`).
 const WAKEUP_CAP: u32 = 256;
 const REFERENCE_WAKEUP_CAP: u32 = 64;
 

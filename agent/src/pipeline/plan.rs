@@ -12,7 +12,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 
 use crate::{
-    capture::{CaptureOptions, DataHooks},
+    capture::{CaptureOptions, DataHooks, DEFAULT_MAX_CONNS, DEFAULT_RING_BYTES},
     sinks::{
         console::ConsolePlan,
         otlp::{MetricsConfig, OtlpProtocol},
@@ -216,7 +216,7 @@ pub struct KernelFlags {
     /// Ring buffer between kernel and agent, in bytes (a power of two,
     /// ≥ 4096). When it is full the kernel drops records and counts them;
     /// traced processes never wait.
-    #[arg(long, value_name = "BYTES", default_value_t = 16 << 20, value_parser = ring_bytes)]
+    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_RING_BYTES, value_parser = ring_bytes)]
     pub ring_buffer_bytes: u32,
     /// Payload bytes captured per syscall at most (the rest is counted in
     /// the event's `ret`, not captured); 1 to 1048576 (1 MiB).
@@ -225,7 +225,7 @@ pub struct KernelFlags {
     pub max_call_bytes: u32,
     /// Connections tracked at once at most (≥ 1; each costs the kernel a
     /// few bytes of map space).
-    #[arg(long, value_name = "N", default_value_t = 65536, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_CONNS, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_conns: u32,
     /// Do not timestamp request arrival in the kernel's TCP receive path
     /// (`tcp:tcp_probe`): t0 is then the engine's first read of a request,
@@ -252,9 +252,9 @@ pub struct KernelFlags {
 impl Default for KernelFlags {
     fn default() -> Self {
         Self {
-            ring_buffer_bytes: 16 << 20,
+            ring_buffer_bytes: DEFAULT_RING_BYTES,
             max_call_bytes: agent_ebpf::DEFAULT_MAX_CALL_BYTES,
-            max_conns: 65536,
+            max_conns: DEFAULT_MAX_CONNS,
             no_arrival_time: false,
             data_hooks: DataHooks::Auto,
             capture_reference: false,
