@@ -510,13 +510,50 @@ pub fn sum_point_attributes(
         .collect()
 }
 
+/// A data point's attributes, key → value as text.
+fn attributes_text(
+    kvs: &[opentelemetry_proto::tonic::common::v1::KeyValue],
+) -> Vec<(String, String)> {
+    use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
+    kvs.iter()
+        .map(|kv| {
+            let v = match kv.value.as_ref().and_then(|v| v.value.as_ref()) {
+                Some(Any::StringValue(s)) => s.clone(),
+                Some(Any::IntValue(i)) => i.to_string(),
+                Some(Any::BoolValue(b)) => b.to_string(),
+                Some(Any::DoubleValue(d)) => d.to_string(),
+                other => format!("{other:?}"),
+            };
+            (kv.key.clone(), v)
+        })
+        .collect()
+}
+
+/// A two-worker runtime for a test's in-process receivers.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
+/// `tokentap run` on `pid` exporting to `endpoint` every second (no
+/// console, no GPU, no engine scrapes); callers add the rest.
+pub fn run_exporting(pid: u32, endpoint: &str) -> std::process::Command {
+    let mut c = std::process::Command::new(crate::tokentap_bin());
+    c.args(["run", "--pid", &pid.to_string(), "--no-console", "--no-gpu"])
+        .args(["--export-interval", "1", "--no-engine-metrics"])
+        .args(["--otlp-endpoint", endpoint]);
+    c
+}
+
 /// Every data point of sum metric `name` in the last export that has it:
 /// its attributes (key → value as text) and value, across resources.
 pub fn sum_points(
     exports: &[ExportMetricsServiceRequest],
     name: &str,
 ) -> Vec<(Vec<(String, String)>, u64)> {
-    use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
     for e in exports.iter().rev() {
         let mut out = vec![];
         let mut found = false;
@@ -532,20 +569,7 @@ pub fn sum_points(
             };
             found = true;
             for p in &s.data_points {
-                let attrs = p
-                    .attributes
-                    .iter()
-                    .map(|kv| {
-                        let v = match kv.value.as_ref().and_then(|v| v.value.as_ref()) {
-                            Some(Any::StringValue(s)) => s.clone(),
-                            Some(Any::IntValue(i)) => i.to_string(),
-                            Some(Any::BoolValue(b)) => b.to_string(),
-                            Some(Any::DoubleValue(d)) => d.to_string(),
-                            other => format!("{other:?}"),
-                        };
-                        (kv.key.clone(), v)
-                    })
-                    .collect();
+                let attrs = attributes_text(&p.attributes);
                 let v = match p.value {
                     Some(Num::AsInt(i)) => i as u64,
                     Some(Num::AsDouble(d)) => d as u64,
@@ -567,7 +591,6 @@ pub fn gauge_points(
     exports: &[ExportMetricsServiceRequest],
     name: &str,
 ) -> Vec<(Vec<(String, String)>, f64)> {
-    use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
     let mut out = vec![];
     for m in exports
         .iter()
@@ -580,20 +603,7 @@ pub fn gauge_points(
             continue;
         };
         for p in &g.data_points {
-            let attrs = p
-                .attributes
-                .iter()
-                .map(|kv| {
-                    let v = match kv.value.as_ref().and_then(|v| v.value.as_ref()) {
-                        Some(Any::StringValue(s)) => s.clone(),
-                        Some(Any::IntValue(i)) => i.to_string(),
-                        Some(Any::BoolValue(b)) => b.to_string(),
-                        Some(Any::DoubleValue(d)) => d.to_string(),
-                        other => format!("{other:?}"),
-                    };
-                    (kv.key.clone(), v)
-                })
-                .collect();
+            let attrs = attributes_text(&p.attributes);
             let v = match p.value {
                 Some(Num::AsInt(i)) => i as f64,
                 Some(Num::AsDouble(d)) => d,

@@ -14,7 +14,7 @@ use serde_json::Value;
 use tokentap_tests::{
     assert_root, http, interrupt,
     otlp::{
-        assert_exports_match_log, counter, exponential_histograms, gauge_points,
+        assert_exports_match_log, counter, exponential_histograms, gauge_points, run_exporting,
         start_http_receiver, start_https_receiver, start_receiver, start_tls_receiver,
         sum_point_attributes, TestCa,
     },
@@ -58,11 +58,7 @@ fn one_request(s: &mut TcpStream, i: u64) {
 #[ignore = "needs root: loads eBPF (cargo xtask test runs it as root)"]
 fn a_collector_that_is_down_at_start_gets_the_metrics_once_it_is_up() {
     assert_root("OTLP collector down then up");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = tokentap_tests::otlp::runtime();
     // A free port with nothing listening on it (yet).
     let otlp_port = tokentap_tests::free_port();
     let (engine, port, _) = start_simengine(Path::new(env!("CARGO_BIN_EXE_simengine")), &[]);
@@ -151,11 +147,7 @@ fn http_protobuf_export_to_an_https_collector_checks_its_certificate_too() {
 /// so.
 fn check_export(protocol: &str, tls: bool) {
     assert_root("OTLP export");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = tokentap_tests::otlp::runtime();
     let ca = tls.then(TestCa::new);
     let (sink, otlp_port) = match (protocol, &ca) {
         ("grpc", None) => start_receiver(&rt, 0),
@@ -275,11 +267,7 @@ fn check_export(protocol: &str, tls: bool) {
 #[ignore = "needs root: loads eBPF (cargo xtask test runs it as root)"]
 fn the_engines_own_metrics_are_exported_and_the_agents_scrapes_are_not_requests() {
     assert_root("engine metrics");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = tokentap_tests::otlp::runtime();
     let (sink, otlp_port) = start_receiver(&rt, 0);
     let dir = scratch_dir("engine-metrics");
     let log = dir.join("requests.jsonl");
@@ -398,11 +386,7 @@ fn exported_host_name(
 #[ignore = "needs root: loads eBPF and makes a UTS namespace (cargo xtask test runs it as root)"]
 fn host_name_is_the_node_not_the_agents_own_uts_hostname() {
     assert_root("host.name in a UTS namespace");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = tokentap_tests::otlp::runtime();
     let node = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .unwrap()
         .trim()
@@ -422,16 +406,7 @@ fn host_name_is_the_node_not_the_agents_own_uts_hostname() {
             "sh",
         ])
         .arg(tokentap_bin())
-        .args([
-            "run",
-            "--pid",
-            &engine.0.id().to_string(),
-            "--no-console",
-            "--no-gpu",
-        ])
-        .args(["--export-interval", "1", "--no-engine-metrics"])
-        .arg("--otlp-endpoint")
-        .arg(format!("http://127.0.0.1:{otlp_port}"));
+        .args(run_exporting(engine.0.id(), &format!("http://127.0.0.1:{otlp_port}")).get_args());
         cmd.env_remove("NODE_NAME");
         if let Some(n) = node_env {
             cmd.env("NODE_NAME", n);
@@ -460,11 +435,7 @@ fn export_to_guarded_collector(
     args: &[&str],
 ) -> (tokentap_tests::otlp::Sink, String) {
     use tokentap_tests::otlp::{start_https_receiver_with, start_tls_receiver_with, Gate};
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = tokentap_tests::otlp::runtime();
     let ca = CA.get_or_init(TestCa::new);
     let gate = Gate::requiring("Bearer s3cret-token");
     let (sink, port) = match protocol {
@@ -472,18 +443,8 @@ fn export_to_guarded_collector(
         _ => start_https_receiver_with(ca, gate),
     };
     let (engine, eport, _) = start_simengine(Path::new(env!("CARGO_BIN_EXE_simengine")), &[]);
-    let mut cmd = Command::new(tokentap_bin());
-    cmd.args([
-        "run",
-        "--pid",
-        &engine.0.id().to_string(),
-        "--no-console",
-        "--no-gpu",
-    ])
-    .args(["--export-interval", "1", "--no-engine-metrics"])
-    .args(["--otlp-protocol", protocol, "--otlp-endpoint"])
-    .arg(format!("https://127.0.0.1:{port}"))
-    .args(args);
+    let mut cmd = run_exporting(engine.0.id(), &format!("https://127.0.0.1:{port}"));
+    cmd.args(["--otlp-protocol", protocol]).args(args);
     for (k, v) in env {
         cmd.env(k, v);
     }

@@ -20,7 +20,7 @@ use std::{
 
 use tokentap_tests::{
     assert_root, connect_from, http, interrupt,
-    otlp::{counter, histogram, start_receiver, sum_points},
+    otlp::{counter, histogram, run_exporting, start_receiver, sum_points},
     read_jsonl, scratch_dir, start, start_simengine, tokentap_bin,
 };
 
@@ -28,11 +28,7 @@ use tokentap_tests::{
 #[ignore = "needs root: loads eBPF (cargo xtask test runs it as root)"]
 fn probes_scrapes_and_model_listings_are_counted_apart_and_only_chats_are_llm_requests() {
     assert_root("production traffic");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = tokentap_tests::otlp::runtime();
     let (sink, otlp_port) = start_receiver(&rt, 0);
     let dir = scratch_dir("traffic");
     let log = dir.join("requests.jsonl");
@@ -40,11 +36,7 @@ fn probes_scrapes_and_model_listings_are_counted_apart_and_only_chats_are_llm_re
     let events = dir.join("events.jsonl");
     let (engine, port, _) = start_simengine(Path::new(env!("CARGO_BIN_EXE_simengine")), &[]);
     let (mut agent, out) = start(
-        Command::new(tokentap_bin())
-            .args(["run", "--pid", &engine.0.id().to_string(), "--no-console"])
-            .args(["--export-interval", "1", "--no-engine-metrics"])
-            .arg("--otlp-endpoint")
-            .arg(format!("http://127.0.0.1:{otlp_port}"))
+        run_exporting(engine.0.id(), &format!("http://127.0.0.1:{otlp_port}"))
             .arg("--requests-log")
             .arg(&log)
             .arg("--events-log")
@@ -211,11 +203,7 @@ fn probes_scrapes_and_model_listings_are_counted_apart_and_only_chats_are_llm_re
 fn a_long_stream_running_when_the_agent_starts_is_no_decode_error_and_its_connection_is_then_measured(
 ) {
     assert_root("agent started beside a long stream");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = tokentap_tests::otlp::runtime();
     let (sink, otlp_port) = start_receiver(&rt, 0);
     let dir = scratch_dir("joined-stream");
     let log = dir.join("requests.jsonl");
@@ -233,17 +221,7 @@ fn a_long_stream_running_when_the_agent_starts_is_no_decode_error_and_its_connec
     });
     std::thread::sleep(Duration::from_millis(1500));
     let (mut agent, out) = start(
-        Command::new(tokentap_bin())
-            .args([
-                "run",
-                "--pid",
-                &engine.0.id().to_string(),
-                "--no-console",
-                "--no-gpu",
-            ])
-            .args(["--export-interval", "1", "--no-engine-metrics"])
-            .arg("--otlp-endpoint")
-            .arg(format!("http://127.0.0.1:{otlp_port}"))
+        run_exporting(engine.0.id(), &format!("http://127.0.0.1:{otlp_port}"))
             .arg("--requests-log")
             .arg(&log),
         "; ready",
