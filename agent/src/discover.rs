@@ -1,36 +1,14 @@
 //! Finding inference servers without being told: processes whose command
 //! line names a known engine and that hold a listening TCP socket.
 //!
-//! Owns: the engine patterns and the /proc scan. Must not: target a process
-//! that does not listen (a CLI client of the same engine, a build step).
+//! Owns: the /proc scan (the engines' command-line patterns are the
+//! catalogue's, `crate::engines`). Must not: target a process that does
+//! not listen (a CLI client of the same engine, a build step).
 
 use std::{fs, path::Path};
 
 use crate::capture::procfs;
-
-/// Command-line fragments → engine name (gen_ai.provider.name).
-const ENGINES: &[(&str, &str)] = &[
-    ("vllm", "vllm"),
-    ("sglang", "sglang"),
-    ("text-generation-router", "tgi"),
-    ("text-generation-launcher", "tgi"),
-    ("text_generation_server", "tgi"),
-    ("llama-server", "llama.cpp"),
-    ("llama_cpp.server", "llama.cpp"),
-    ("llama-cpp-python", "llama.cpp"),
-    ("ollama", "ollama"),
-    ("tritonserver", "triton"),
-    ("lmdeploy", "lmdeploy"),
-];
-
-/// The engine a command line belongs to, if any.
-pub fn engine_of_cmdline(cmdline: &str) -> Option<&'static str> {
-    let c = cmdline.to_ascii_lowercase();
-    ENGINES
-        .iter()
-        .find(|(pat, _)| c.contains(pat))
-        .map(|(_, name)| *name)
-}
+use crate::engines::Engine;
 
 /// The command line of `pid` with NULs as spaces.
 pub fn cmdline(proc_root: &Path, pid: u32) -> Option<String> {
@@ -44,14 +22,14 @@ pub fn cmdline(proc_root: &Path, pid: u32) -> Option<String> {
 }
 
 /// The engine `pid` runs, from its command line.
-pub fn engine_of(proc_root: &Path, pid: u32) -> Option<&'static str> {
+pub fn engine_of(proc_root: &Path, pid: u32) -> Option<Engine> {
     cmdline(proc_root, pid)
         .as_deref()
-        .and_then(engine_of_cmdline)
+        .and_then(Engine::from_cmdline)
 }
 
 /// Every process that looks like an inference server and listens on TCP.
-pub fn scan(proc_root: &Path) -> Vec<(u32, &'static str)> {
+pub fn scan(proc_root: &Path) -> Vec<(u32, Engine)> {
     let me = std::process::id();
     let Ok(dir) = fs::read_dir(proc_root) else {
         return vec![];
@@ -83,28 +61,6 @@ pub fn scan(proc_root: &Path) -> Vec<(u32, &'static str)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn known_engines_are_named_from_their_command_lines() {
-        assert_eq!(
-            engine_of_cmdline("python3 -m vllm.entrypoints.openai.api_server --model x"),
-            Some("vllm")
-        );
-        assert_eq!(
-            engine_of_cmdline("/usr/bin/llama-server -m m.gguf --port 8080"),
-            Some("llama.cpp")
-        );
-        assert_eq!(
-            engine_of_cmdline("python -m llama_cpp.server --model m.gguf"),
-            Some("llama.cpp")
-        );
-        assert_eq!(
-            engine_of_cmdline("text-generation-router --port 80"),
-            Some("tgi")
-        );
-        assert_eq!(engine_of_cmdline("/bin/ollama serve"), Some("ollama"));
-        assert_eq!(engine_of_cmdline("nginx: worker process"), None);
-    }
 
     /// A fake /proc: `pid/cmdline`, `pid/fd/N` → `socket:[inode]`, and
     /// `pid/net/tcp` listing that inode as listening (or not).
@@ -141,7 +97,10 @@ mod tests {
         // Listens, but is not an inference server.
         fake_proc(&root, 102, "nginx: worker process", true);
         fake_proc(&root, 103, "/usr/bin/llama-server -m m.gguf", true);
-        assert_eq!(scan(&root), vec![(100, "vllm"), (103, "llama.cpp")]);
+        assert_eq!(
+            scan(&root),
+            vec![(100, Engine::Vllm), (103, Engine::LlamaCpp)]
+        );
         let _ = fs::remove_dir_all(&root);
     }
 }

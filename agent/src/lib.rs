@@ -11,6 +11,7 @@ pub mod capture;
 pub mod decode;
 pub mod discover;
 pub mod enginemetrics;
+pub mod engines;
 pub mod event;
 pub mod gpu;
 pub mod identity;

@@ -23,6 +23,7 @@ use tokentap::{
         prom::{self, Limits, MetricType},
         scrape, EngineState, ScrapeError, Scraper, Target,
     },
+    engines::Engine as EngineKind,
     selftraffic::{self, Marker},
 };
 use tokentap_tests::{
@@ -140,7 +141,7 @@ fn vllm_fixture_state() -> EngineState {
         kv_cache_usage: Some(0.4137),
         requests_waiting: Some(3.0),
         requests_running: Some(12.0),
-        family: Some("vllm"),
+        family: Some(EngineKind::Vllm),
     }
 }
 
@@ -182,7 +183,7 @@ fn vllm_fixture_parses_with_types_help_and_histograms() {
 #[test]
 fn vllm_fixture_reduces_to_summed_counts_and_the_fullest_kv_cache() {
     let body = fixture("vllm-v1-metrics.prom");
-    for engine in [Some("vllm"), None] {
+    for engine in [Some(EngineKind::Vllm), None] {
         assert_eq!(
             engine_state(&body, engine, &Limits::default()).expect("state"),
             vllm_fixture_state(),
@@ -201,12 +202,12 @@ fn recorded_llama_server_exposition_has_counts_but_no_kv_gauge() {
     assert_eq!(e.summary.bad_lines, 0);
     assert_eq!(e.samples.len(), 15);
     assert_eq!(
-        engine_state(&body, Some("llama.cpp"), &Limits::default()).expect("state"),
+        engine_state(&body, Some(EngineKind::LlamaCpp), &Limits::default()).expect("state"),
         EngineState {
             kv_cache_usage: None,
             requests_waiting: Some(0.0),
             requests_running: Some(0.0),
-            family: Some("llama.cpp"),
+            family: Some(EngineKind::LlamaCpp),
         }
     );
 }
@@ -218,7 +219,7 @@ fn scrape_reads_every_body_framing_and_marks_its_requests_as_the_agents() {
     for reply in [Reply::Length, Reply::Chunked, Reply::Close] {
         let (port, heads) = serve(reply, fixture("vllm-v1-metrics.prom"));
         let state = scraper
-            .scrape(std::process::id(), port, Some("vllm"))
+            .scrape(std::process::id(), port, Some(EngineKind::Vllm))
             .expect("scrape");
         assert_eq!(state, vllm_fixture_state());
         let heads = heads.lock().unwrap().clone();
@@ -327,7 +328,7 @@ fn background_runner_publishes_states_by_pid_and_forgets_removed_targets() {
     handle.set_targets(vec![Target {
         pid,
         port,
-        engine: Some("vllm".into()),
+        engine: Some(EngineKind::Vllm),
     }]);
     let deadline = Instant::now() + Duration::from_secs(5);
     while handle.latest().is_empty() && Instant::now() < deadline {
@@ -379,7 +380,7 @@ fn scrape_until(
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let s = scraper
-            .scrape(pid, port, Some("llama.cpp"))
+            .scrape(pid, port, Some(EngineKind::LlamaCpp))
             .expect("scrape llama-server");
         if want(&s) || Instant::now() > deadline {
             return s;
@@ -400,9 +401,9 @@ fn real_llama_server_reports_running_and_deferred_requests() {
     complete(port, 8);
     complete(port, 8);
     let idle = scraper
-        .scrape(pid, port, Some("llama.cpp"))
+        .scrape(pid, port, Some(EngineKind::LlamaCpp))
         .expect("scrape");
-    assert_eq!(idle.family, Some("llama.cpp"));
+    assert_eq!(idle.family, Some(EngineKind::LlamaCpp));
     assert_eq!(idle.requests_running, Some(0.0));
     assert_eq!(idle.requests_waiting, Some(0.0));
     // This build exports no KV-cache gauge; an older one would, in 0–1.
@@ -469,9 +470,9 @@ fn llama_server_in_its_own_network_namespace_is_scraped_through_setns() {
 
     let mut scraper = Scraper::new(Duration::from_secs(1), Marker::new());
     let state = scraper
-        .scrape(pid, port, Some("llama.cpp"))
+        .scrape(pid, port, Some(EngineKind::LlamaCpp))
         .expect("scrape through setns");
-    assert_eq!(state.family, Some("llama.cpp"));
+    assert_eq!(state.family, Some(EngineKind::LlamaCpp));
     assert_eq!(state.requests_running, Some(0.0));
     assert_eq!(state.requests_waiting, Some(0.0));
     let st = scraper.stats();

@@ -13,7 +13,8 @@ use std::{
 /// Floors, lowest first: a room may import its own floor and those below.
 const FLOORS: &[&[&str]] = &[
     // The contracts' vocabulary and data: records, socket events, names.
-    &["vocab", "event", "record", "selftraffic"],
+    // The engine catalogue (data about each engine) is here too.
+    &["vocab", "event", "record", "selftraffic", "engines"],
     // Sources of facts: the kernel capture, capture files, identity rules.
     &["capture", "capfile", "identity"],
     // Turning facts into records and events.

@@ -7,8 +7,8 @@
 //! `MAX_RESPONSE_BODY` of a plain body.
 
 use super::{
-    engines::{self, interpret, Format},
     exchange::Exchange,
+    formats::{self, interpret, Format},
     stream::{Ndjson, Sse},
     MAX_RESPONSE_BODY,
 };
@@ -99,8 +99,8 @@ fn feed_event(format: Format, x: &mut Exchange, ts: u64, data: &[u8]) {
             // Not JSON, unknown API: still a chunk with a time.
             x.on_stream_event(
                 ts,
-                engines::EventInfo {
-                    content: engines::Content::Answer,
+                formats::EventInfo {
+                    content: formats::Content::Answer,
                     content_parts: 1,
                     ..Default::default()
                 },

@@ -5,7 +5,8 @@
 
 use std::sync::Arc;
 
-use super::engines::{estimate_tokens, Content, EventInfo, Format, RequestInfo};
+use super::formats::{estimate_tokens, Content, EventInfo, Format, RequestInfo};
+use crate::engines::Engine;
 use crate::identity::{
     caller::caller_of,
     request_type::{builtin, Endpoint, Facts, Rules},
@@ -30,7 +31,7 @@ pub struct Exchange {
     pub t0_ns: u64,
     pub request: RequestInfo,
     pub status: Option<u16>,
-    pub provider: Option<&'static str>,
+    pub provider: Option<Engine>,
     /// The response is an event stream (SSE or NDJSON).
     pub stream: bool,
     pub last_response_byte_ns: Option<u64>,
@@ -290,7 +291,7 @@ impl Exchange {
             path: self.path,
             status: self.status,
             operation: self.format.operation(),
-            provider: self.provider.map(str::to_string),
+            provider: self.provider.map(|e| e.name().to_string()),
             // Identity of the serving process: an enricher's.
             model_version: None,
             request_model: self.request.model,

@@ -3,7 +3,7 @@
 //! and hands every later call to that protocol's machine (`http1`).
 //! Response bodies are decoded as SSE, NDJSON or a whole JSON body
 //! (`body`, `stream`), and each event is interpreted by the engine format
-//! of its endpoint (`engines`).
+//! of its endpoint (`formats`).
 //!
 //! An HTTP/2 connection (its client preface, or a server's first SETTINGS
 //! frame), a served TLS one (its first bytes are TLS records: tokentap sees
@@ -23,8 +23,8 @@
 
 pub mod arrival;
 pub mod body;
-pub mod engines;
 pub mod exchange;
+pub mod formats;
 pub mod http1;
 pub mod stream;
 

@@ -3,9 +3,9 @@
 //! server with `--metrics`), scraped and reduced to what request metrics
 //! cannot say — KV-cache usage and the waiting/running request counts.
 //!
-//! Owns: the metric names per engine family ([`FAMILIES`], checked against
-//! the engines' sources and docs, see docs/metrics.md) and the reduction of
-//! one exposition to an [`EngineState`]. [`prom`] parses, [`scrape`] fetches
+//! Owns: the reduction of one exposition to an [`EngineState`] (the metric
+//! names are each engine's, in the catalogue `crate::engines`, checked
+//! against the engines' sources and docs, see docs/metrics.md). [`prom`] parses, [`scrape`] fetches
 //! (in the engine's network namespace, on its own thread).
 //!
 //! Must not: export anything (the pipeline maps [`EngineState`] to
@@ -16,6 +16,8 @@
 pub mod prom;
 pub mod scrape;
 pub mod task;
+
+use crate::engines::{Engine, MetricNames};
 
 pub use scrape::{ScrapeError, ScrapeHandle, ScrapeStats, Scraper, Target};
 
@@ -36,71 +38,32 @@ pub struct EngineState {
     pub requests_waiting: Option<f64>,
     /// Requests being processed (in the running batch / a busy slot).
     pub requests_running: Option<f64>,
-    /// The family whose names matched (`vllm`, `sglang`, `tgi`,
-    /// `llama.cpp`); `None` when no known name was in the exposition.
-    pub family: Option<&'static str>,
+    /// The engine whose names matched; `None` when no known name was in
+    /// the exposition.
+    pub family: Option<Engine>,
 }
 
-/// One engine family's metric names. Several names for one quantity are
-/// the same thing across versions, newest first: the first present wins.
-#[derive(Debug)]
-pub struct Family {
-    /// As the pipeline names engines (`gen_ai.provider.name`).
-    pub engine: &'static str,
-    pub kv_cache_usage: &'static [&'static str],
-    pub requests_waiting: &'static [&'static str],
-    pub requests_running: &'static [&'static str],
+/// The engines whose Prometheus names the catalogue knows, each with
+/// its names.
+fn families() -> impl Iterator<Item = (Engine, &'static MetricNames)> {
+    Engine::ALL
+        .into_iter()
+        .filter_map(|e| e.spec().metrics.as_ref().map(|m| (e, m)))
 }
 
-/// The known families (names confirmed against sources; see
-/// docs/metrics.md "Engine metrics scrape").
-pub const FAMILIES: &[Family] = &[
-    Family {
-        engine: "vllm",
-        // V1 engine (0.7+) renamed gpu_cache_usage_perc; both are 0–1.
-        kv_cache_usage: &["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"],
-        requests_waiting: &["vllm:num_requests_waiting"],
-        requests_running: &["vllm:num_requests_running"],
-    },
-    Family {
-        engine: "sglang",
-        kv_cache_usage: &["sglang:token_usage"],
-        requests_waiting: &["sglang:num_queue_reqs"],
-        requests_running: &["sglang:num_running_reqs"],
-    },
-    Family {
-        engine: "tgi",
-        kv_cache_usage: &[],
-        requests_waiting: &["tgi_queue_size"],
-        requests_running: &["tgi_batch_current_size"],
-    },
-    Family {
-        engine: "llama.cpp",
-        // Removed from llama-server in 2025 (the peers' build has none);
-        // older servers still export it.
-        kv_cache_usage: &["llamacpp:kv_cache_usage_ratio"],
-        requests_waiting: &["llamacpp:requests_deferred"],
-        requests_running: &["llamacpp:requests_processing"],
-    },
-];
-
-/// The family an engine name (as discovery names it) selects.
-pub fn family(engine: &str) -> Option<&'static Family> {
-    FAMILIES.iter().find(|f| f.engine == engine)
-}
-
-/// Reduces an exposition to an [`EngineState`]. `engine` (the pipeline's
-/// engine name) picks the family; `None` or an engine without a known
-/// family tries every family and keeps the first that matches any name.
+/// Reduces an exposition to an [`EngineState`]. `engine` (as discovery
+/// named the process) picks its names; `None` or an engine without known
+/// names tries every engine's and keeps the first that matches any name.
 pub fn engine_state(
     body: &[u8],
-    engine: Option<&str>,
+    engine: Option<Engine>,
     limits: &prom::Limits,
 ) -> Result<EngineState, prom::ParseError> {
-    let candidates: Vec<&'static Family> = match engine.and_then(family) {
-        Some(f) => vec![f],
-        None => FAMILIES.iter().collect(),
-    };
+    let candidates: Vec<(Engine, &'static MetricNames)> =
+        match engine.and_then(|e| e.spec().metrics.as_ref().map(|m| (e, m))) {
+            Some(f) => vec![f],
+            None => families().collect(),
+        };
     // Per family and quantity: which name (index into its list) was seen
     // first-choice-wise, and the aggregate over that name's label sets.
     #[derive(Clone, Copy, Default)]
@@ -113,7 +76,7 @@ pub fn engine_state(
         body,
         limits,
         |s| {
-            for (fi, fam) in candidates.iter().enumerate() {
+            for (fi, (_, fam)) in candidates.iter().enumerate() {
                 let lists = [
                     fam.kv_cache_usage,
                     fam.requests_waiting,
@@ -152,7 +115,7 @@ pub fn engine_state(
         },
         |_, _| {},
     )?;
-    for (fi, fam) in candidates.iter().enumerate() {
+    for (fi, (engine, _)) in candidates.iter().enumerate() {
         let [kv, waiting, running] = acc[fi];
         if kv.rank.is_none() && waiting.rank.is_none() && running.rank.is_none() {
             continue;
@@ -161,7 +124,7 @@ pub fn engine_state(
             kv_cache_usage: kv.value,
             requests_waiting: waiting.value,
             requests_running: running.value,
-            family: Some(fam.engine),
+            family: Some(*engine),
         });
     }
     Ok(EngineState::default())
@@ -171,7 +134,7 @@ pub fn engine_state(
 mod tests {
     use super::*;
 
-    fn state(body: &str, engine: Option<&str>) -> EngineState {
+    fn state(body: &str, engine: Option<Engine>) -> EngineState {
         engine_state(body.as_bytes(), engine, &prom::Limits::default()).expect("parse")
     }
 
@@ -186,12 +149,12 @@ vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
 vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.75
 "#;
         assert_eq!(
-            state(body, Some("vllm")),
+            state(body, Some(Engine::Vllm)),
             EngineState {
                 kv_cache_usage: Some(0.75),
                 requests_waiting: Some(1.0),
                 requests_running: Some(5.0),
-                family: Some("vllm"),
+                family: Some(Engine::Vllm),
             }
         );
     }
@@ -200,8 +163,14 @@ vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.75
     fn vllm_newer_kv_name_wins_over_the_old_one_in_either_order() {
         let old_first = "vllm:gpu_cache_usage_perc 0.9\nvllm:kv_cache_usage_perc 0.1\n";
         let new_first = "vllm:kv_cache_usage_perc 0.1\nvllm:gpu_cache_usage_perc 0.9\n";
-        assert_eq!(state(old_first, Some("vllm")).kv_cache_usage, Some(0.1));
-        assert_eq!(state(new_first, Some("vllm")).kv_cache_usage, Some(0.1));
+        assert_eq!(
+            state(old_first, Some(Engine::Vllm)).kv_cache_usage,
+            Some(0.1)
+        );
+        assert_eq!(
+            state(new_first, Some(Engine::Vllm)).kv_cache_usage,
+            Some(0.1)
+        );
         // A v0 engine: only the old name.
         assert_eq!(
             state("vllm:gpu_cache_usage_perc{model_name=\"m\"} 0.4\n", None).kv_cache_usage,
@@ -218,17 +187,17 @@ vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.75
                 kv_cache_usage: Some(0.28),
                 requests_waiting: Some(4.0),
                 requests_running: Some(12.0),
-                family: Some("sglang"),
+                family: Some(Engine::Sglang),
             }
         );
         let tgi = "tgi_queue_size 7\ntgi_batch_current_size 4\n";
         assert_eq!(
-            state(tgi, Some("ollama")),
+            state(tgi, Some(Engine::Ollama)),
             EngineState {
                 kv_cache_usage: None,
                 requests_waiting: Some(7.0),
                 requests_running: Some(4.0),
-                family: Some("tgi"),
+                family: Some(Engine::Tgi),
             }
         );
     }
@@ -237,12 +206,12 @@ vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.75
     fn llama_cpp_without_the_kv_gauge_reports_counts_only() {
         let body = "llamacpp:requests_processing 1\nllamacpp:requests_deferred 2\n";
         assert_eq!(
-            state(body, Some("llama.cpp")),
+            state(body, Some(Engine::LlamaCpp)),
             EngineState {
                 kv_cache_usage: None,
                 requests_waiting: Some(2.0),
                 requests_running: Some(1.0),
-                family: Some("llama.cpp"),
+                family: Some(Engine::LlamaCpp),
             }
         );
         let older = "llamacpp:kv_cache_usage_ratio 0.5\nllamacpp:requests_processing 0\n";
@@ -253,9 +222,9 @@ vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.75
     fn unusable_values_leave_the_field_empty() {
         let body = "vllm:kv_cache_usage_perc NaN\nvllm:num_requests_waiting -1\nvllm:num_requests_running +Inf\n";
         assert_eq!(
-            state(body, Some("vllm")),
+            state(body, Some(Engine::Vllm)),
             EngineState {
-                family: Some("vllm"),
+                family: Some(Engine::Vllm),
                 ..EngineState::default()
             }
         );
@@ -266,7 +235,7 @@ vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.75
     #[test]
     fn a_named_engine_ignores_other_families_names() {
         let body = "tgi_queue_size 7\n";
-        assert_eq!(state(body, Some("vllm")), EngineState::default());
+        assert_eq!(state(body, Some(Engine::Vllm)), EngineState::default());
     }
 
     #[test]

@@ -36,6 +36,7 @@ use std::{
 use super::{engine_state, prom, EngineState};
 use crate::{
     capture::procfs,
+    engines::Engine,
     selftraffic::{self, Marker},
 };
 
@@ -167,7 +168,7 @@ impl Scraper {
         &mut self,
         pid: u32,
         port: u16,
-        family: Option<&str>,
+        family: Option<Engine>,
     ) -> Result<EngineState, ScrapeError> {
         let now = Instant::now();
         self.no_endpoint.retain(|_, until| *until > now);
@@ -570,8 +571,8 @@ pub struct Target {
     pub pid: u32,
     /// The engine's listening (serving) port.
     pub port: u16,
-    /// The engine's name as discovery gives it; `None` to detect.
-    pub engine: Option<String>,
+    /// The engine as discovery named it; `None` to detect.
+    pub engine: Option<Engine>,
 }
 
 #[derive(Default)]
@@ -645,7 +646,7 @@ pub fn spawn_with(mut scraper: Scraper, interval: Duration) -> io::Result<Scrape
                     if sh.lock().stop {
                         return;
                     }
-                    let r = scraper.scrape(t.pid, t.port, t.engine.as_deref());
+                    let r = scraper.scrape(t.pid, t.port, t.engine);
                     if let Err(e) = &r {
                         log::debug!("engine metrics: pid {} port {}: {e}", t.pid, t.port);
                     }

@@ -13,7 +13,9 @@ use std::{
 use anyhow::Result;
 
 use super::{scrape::ScrapeHandle, EngineState, Target};
+use crate::engines::Engine;
 use crate::stage::{health::Health, Task, TaskCx};
+use crate::vocab::UNKNOWN;
 
 /// Engine pid → (engine name, port, state) of the last good scrape.
 pub type SharedEngineStates = Arc<Mutex<HashMap<u32, (String, u16, EngineState)>>>;
@@ -58,11 +60,11 @@ impl Task for EngineMetricsTask {
             let Some(port) = port else {
                 continue;
             };
-            meta.insert(pid, (p.engine.clone(), port));
+            meta.insert(pid, (p.engine, port));
             targets.push(Target {
                 pid,
                 port,
-                engine: p.engine.clone(),
+                engine: p.engine,
             });
         }
         targets.sort_by_key(|t| t.pid);
@@ -73,9 +75,9 @@ impl Task for EngineMetricsTask {
         for (pid, st) in latest {
             if let Some((engine, port)) = meta.get(&pid) {
                 let name = engine
-                    .clone()
-                    .or_else(|| st.family.map(str::to_string))
-                    .unwrap_or_else(|| "unknown".into());
+                    .or(st.family)
+                    .map_or(UNKNOWN, Engine::name)
+                    .to_string();
                 states.insert(pid, (name, *port, st));
             }
         }

@@ -36,6 +36,8 @@ use std::{
 
 use sha2::{Digest as _, Sha256};
 
+use crate::engines::Engine;
+
 /// The engine's environment variable that sets the version verbatim.
 pub const OVERRIDE_ENV: &str = "TOKENTAP_MODEL_VERSION";
 /// File content read per process at most (the first MiB of a GGUF file
@@ -67,62 +69,6 @@ pub struct Served {
     pub paths: Vec<String>,
     /// Other options that select a build (`--revision`).
     pub qualifiers: Vec<String>,
-}
-
-/// How an engine names its model on the command line.
-struct Rules {
-    path_flags: &'static [&'static str],
-    name_flags: &'static [&'static str],
-    /// `--served-model-name a b c` (vLLM: several names).
-    names_take_many: bool,
-    /// A subcommand whose first positional argument is the model
-    /// (`vllm serve MODEL`, `lmdeploy serve api_server MODEL`).
-    positional_after: Option<&'static str>,
-    qualifier_flags: &'static [&'static str],
-}
-
-fn rules(engine: &str) -> Option<Rules> {
-    Some(match engine {
-        "vllm" => Rules {
-            path_flags: &["--model"],
-            name_flags: &["--served-model-name"],
-            names_take_many: true,
-            positional_after: Some("serve"),
-            qualifier_flags: &["--revision"],
-        },
-        "sglang" => Rules {
-            path_flags: &["--model-path", "--model"],
-            name_flags: &["--served-model-name"],
-            names_take_many: false,
-            positional_after: None,
-            qualifier_flags: &["--revision"],
-        },
-        "llama.cpp" => Rules {
-            // llama-server: -m/--model, -hf/--hf-repo; llama-cpp-python:
-            // --model, --model_alias.
-            path_flags: &["-m", "--model", "-hf", "-hfr", "--hf-repo"],
-            name_flags: &["-a", "--alias", "--model_alias"],
-            names_take_many: false,
-            positional_after: None,
-            qualifier_flags: &[],
-        },
-        "tgi" => Rules {
-            path_flags: &["--model-id"],
-            name_flags: &["--served-model-name"],
-            names_take_many: false,
-            positional_after: None,
-            qualifier_flags: &["--revision"],
-        },
-        "lmdeploy" => Rules {
-            path_flags: &[],
-            name_flags: &["--model-name"],
-            names_take_many: false,
-            positional_after: Some("api_server"),
-            qualifier_flags: &["--revision"],
-        },
-        // Ollama loads models per request; Triton's repository holds many.
-        _ => return None,
-    })
 }
 
 /// The value of `--flag value` or `--flag=value` at `args[i]`, with the
@@ -167,9 +113,9 @@ fn program_args(args: &[String]) -> &[String] {
 }
 
 /// What `engine`'s command line (`args`, argv split at NULs) serves.
-pub fn served_from_args(engine: &str, args: &[String]) -> Served {
+pub fn served_from_args(engine: Engine, args: &[String]) -> Served {
     let mut s = Served::default();
-    let Some(r) = rules(engine) else {
+    let Some(r) = &engine.spec().model_flags else {
         return s;
     };
     let args = program_args(args);
@@ -257,7 +203,7 @@ fn put(h: &mut Sha256, tag: &str, bytes: &[u8]) {
 
 /// The model process `pid` (running `engine`) serves, as its command line
 /// names it: the first served name, else the first model path or hub id.
-pub fn served_model(proc_root: &Path, pid: u32, engine: &str) -> Option<String> {
+pub fn served_model(proc_root: &Path, pid: u32, engine: Engine) -> Option<String> {
     let raw = fs::read(proc_root.join(pid.to_string()).join("cmdline")).ok()?;
     let args: Vec<String> = raw
         .split(|&b| b == 0)
@@ -273,10 +219,10 @@ pub fn served_model(proc_root: &Path, pid: u32, engine: &str) -> Option<String> 
 
 /// The version of `engine` serving `served` from `models`: the first
 /// [`VERSION_HEX_CHARS`] hex characters of a SHA-256 over all of it.
-pub fn fingerprint(engine: &str, served: &Served, models: &[ModelPath]) -> String {
+pub fn fingerprint(engine: Engine, served: &Served, models: &[ModelPath]) -> String {
     let mut h = Sha256::new();
     put(&mut h, "tokentap.model.version", b"1");
-    put(&mut h, "engine", engine.as_bytes());
+    put(&mut h, "engine", engine.name().as_bytes());
     for n in &served.names {
         put(&mut h, "name", n.as_bytes());
     }
@@ -334,7 +280,7 @@ pub fn override_in_environ(environ: &[u8]) -> Option<String> {
 /// [`crate::discover`] named it), read under `proc_root` (`/proc`, or a
 /// fake tree in tests). None when the engine is not known and the
 /// environment sets no override, or the process is gone.
-pub fn of_process(proc_root: &Path, pid: u32, engine: Option<&str>) -> Option<String> {
+pub fn of_process(proc_root: &Path, pid: u32, engine: Option<Engine>) -> Option<String> {
     let dir = proc_root.join(pid.to_string());
     if let Some(v) = fs::read(dir.join("environ"))
         .ok()
@@ -550,7 +496,7 @@ mod tests {
     fn vllm_serve_takes_the_positional_model_and_every_served_name() {
         assert_eq!(
             served_from_args(
-                "vllm",
+                Engine::Vllm,
                 &args("/usr/bin/python3 /usr/local/bin/vllm serve /models/x --served-model-name b a --port 8000")
             ),
             served(&["a", "b"], &["/models/x"])
@@ -561,14 +507,14 @@ mod tests {
     fn vllm_api_server_takes_the_model_flag() {
         assert_eq!(
             served_from_args(
-                "vllm",
+                Engine::Vllm,
                 &args("python -m vllm.entrypoints.openai.api_server --model /m --port 8000")
             ),
             served(&[], &["/m"])
         );
         assert_eq!(
             served_from_args(
-                "vllm",
+                Engine::Vllm,
                 &args("python -m vllm.entrypoints.openai.api_server --model=/m --revision=abc")
             ),
             Served {
@@ -582,7 +528,7 @@ mod tests {
     fn sglang_takes_the_model_path_flag() {
         assert_eq!(
             served_from_args(
-                "sglang",
+                Engine::Sglang,
                 &args("python3 -m sglang.launch_server --model-path meta-llama/Llama-3-8B --served-model-name l3 --port 30000")
             ),
             served(&["l3"], &["meta-llama/Llama-3-8B"])
@@ -593,21 +539,21 @@ mod tests {
     fn llama_cpp_takes_short_and_long_model_flags_and_the_alias() {
         assert_eq!(
             served_from_args(
-                "llama.cpp",
+                Engine::LlamaCpp,
                 &args("/usr/bin/llama-server -m /m/a.gguf --port 8080")
             ),
             served(&[], &["/m/a.gguf"])
         );
         assert_eq!(
             served_from_args(
-                "llama.cpp",
+                Engine::LlamaCpp,
                 &args("llama-server --model m.gguf --alias chat -c 4096")
             ),
             served(&["chat"], &["m.gguf"])
         );
         assert_eq!(
             served_from_args(
-                "llama.cpp",
+                Engine::LlamaCpp,
                 &args("python -m llama_cpp.server --model /m.gguf --model_alias x")
             ),
             served(&["x"], &["/m.gguf"])
@@ -618,7 +564,7 @@ mod tests {
     fn tgi_takes_the_model_id() {
         assert_eq!(
             served_from_args(
-                "tgi",
+                Engine::Tgi,
                 &args("text-generation-launcher --model-id bigscience/bloom-560m --revision main --port 80")
             ),
             Served {
@@ -631,11 +577,11 @@ mod tests {
     #[test]
     fn ollama_and_unknown_engines_name_no_model_files() {
         assert_eq!(
-            served_from_args("ollama", &args("/bin/ollama serve")),
+            served_from_args(Engine::Ollama, &args("/bin/ollama serve")),
             Served::default()
         );
         assert_eq!(
-            served_from_args("triton", &args("tritonserver --model-repository /r")),
+            served_from_args(Engine::Triton, &args("tritonserver --model-repository /r")),
             Served::default()
         );
     }
@@ -643,7 +589,7 @@ mod tests {
     #[test]
     fn a_flag_without_a_value_names_nothing() {
         assert_eq!(
-            served_from_args("llama.cpp", &args("llama-server -m --port 8080")),
+            served_from_args(Engine::LlamaCpp, &args("llama-server -m --port 8080")),
             Served::default()
         );
     }
@@ -662,28 +608,28 @@ mod tests {
     #[test]
     fn the_same_inputs_give_the_same_short_hex_version() {
         let s = served(&["a"], &["/m/a.gguf"]);
-        let v = fingerprint("llama.cpp", &s, &gguf(10, 5, 1));
+        let v = fingerprint(Engine::LlamaCpp, &s, &gguf(10, 5, 1));
         assert_eq!(v.len(), VERSION_HEX_CHARS);
         assert!(v
             .bytes()
             .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
-        assert_eq!(v, fingerprint("llama.cpp", &s, &gguf(10, 5, 1)));
+        assert_eq!(v, fingerprint(Engine::LlamaCpp, &s, &gguf(10, 5, 1)));
     }
 
     #[test]
     fn size_mtime_header_name_and_engine_each_change_the_version() {
         let s = served(&["a"], &["/m/a.gguf"]);
-        let v = fingerprint("llama.cpp", &s, &gguf(10, 5, 1));
+        let v = fingerprint(Engine::LlamaCpp, &s, &gguf(10, 5, 1));
         for other in [
-            fingerprint("llama.cpp", &s, &gguf(11, 5, 1)),
-            fingerprint("llama.cpp", &s, &gguf(10, 6, 1)),
-            fingerprint("llama.cpp", &s, &gguf(10, 5, 2)),
+            fingerprint(Engine::LlamaCpp, &s, &gguf(11, 5, 1)),
+            fingerprint(Engine::LlamaCpp, &s, &gguf(10, 6, 1)),
+            fingerprint(Engine::LlamaCpp, &s, &gguf(10, 5, 2)),
             fingerprint(
-                "llama.cpp",
+                Engine::LlamaCpp,
                 &served(&["b"], &["/m/a.gguf"]),
                 &gguf(10, 5, 1),
             ),
-            fingerprint("vllm", &s, &gguf(10, 5, 1)),
+            fingerprint(Engine::Vllm, &s, &gguf(10, 5, 1)),
         ] {
             assert_ne!(v, other);
         }
@@ -705,10 +651,10 @@ mod tests {
             }]
         };
         let s = served(&[], &["/models/x"]);
-        let v = fingerprint("vllm", &s, &dir(1, 10));
-        assert_eq!(v, fingerprint("vllm", &s, &dir(1, 10)));
-        assert_ne!(v, fingerprint("vllm", &s, &dir(2, 10)));
-        assert_ne!(v, fingerprint("vllm", &s, &dir(1, 11)));
+        let v = fingerprint(Engine::Vllm, &s, &dir(1, 10));
+        assert_eq!(v, fingerprint(Engine::Vllm, &s, &dir(1, 10)));
+        assert_ne!(v, fingerprint(Engine::Vllm, &s, &dir(2, 10)));
+        assert_ne!(v, fingerprint(Engine::Vllm, &s, &dir(1, 11)));
     }
 
     #[test]
@@ -765,17 +711,17 @@ mod tests {
             "/srv",
         );
         fake_proc(proc_root, 11, "llama-server -m /srv/models/a.gguf", "", "/");
-        let v = of_process(proc_root, 10, Some("llama.cpp")).unwrap();
+        let v = of_process(proc_root, 10, Some(Engine::LlamaCpp)).unwrap();
         assert_eq!(
-            of_process(proc_root, 11, Some("llama.cpp")),
+            of_process(proc_root, 11, Some(Engine::LlamaCpp)),
             Some(v.clone())
         );
         fake_proc(proc_root, 12, "llama-server -m models/a.gguf", "", "/srv");
-        let rel = of_process(proc_root, 12, Some("llama.cpp")).unwrap();
+        let rel = of_process(proc_root, 12, Some(Engine::LlamaCpp)).unwrap();
         assert_ne!(
             rel,
             fingerprint(
-                "llama.cpp",
+                Engine::LlamaCpp,
                 &served(&[], &["models/a.gguf"]),
                 &[ModelPath {
                     path: "models/a.gguf".into(),
@@ -789,7 +735,7 @@ mod tests {
         content[100] = 8;
         fs::write(&model, &content).unwrap();
         set_mtime(&model, 1_700_000_000);
-        let changed = of_process(proc_root, 10, Some("llama.cpp")).unwrap();
+        let changed = of_process(proc_root, 10, Some(Engine::LlamaCpp)).unwrap();
         assert_ne!(v, changed);
         // A byte past the first MiB changes nothing but the mtime counts.
         content[100] = 7;
@@ -797,12 +743,12 @@ mod tests {
         fs::write(&model, &content).unwrap();
         set_mtime(&model, 1_700_000_000);
         assert_eq!(
-            of_process(proc_root, 10, Some("llama.cpp")),
+            of_process(proc_root, 10, Some(Engine::LlamaCpp)),
             Some(v.clone())
         );
         set_mtime(&model, 1_700_000_001);
         assert_ne!(
-            of_process(proc_root, 10, Some("llama.cpp")),
+            of_process(proc_root, 10, Some(Engine::LlamaCpp)),
             Some(v.clone())
         );
 
@@ -818,7 +764,7 @@ mod tests {
         // Unknown engine, no override: no version.
         assert_eq!(of_process(proc_root, 10, None), None);
         // Gone process: none.
-        assert_eq!(of_process(proc_root, 99, Some("llama.cpp")), None);
+        assert_eq!(of_process(proc_root, 99, Some(Engine::LlamaCpp)), None);
     }
 
     #[test]
@@ -832,9 +778,9 @@ mod tests {
         // Absolute as the engine sees it: /blobs/x inside its root.
         std::os::unix::fs::symlink("/blobs/x", fsroot.join("m/a.gguf")).unwrap();
         fake_proc(proc_root, 20, "llama-server -m /m/a.gguf", "", "/");
-        let v = of_process(proc_root, 20, Some("llama.cpp")).unwrap();
+        let v = of_process(proc_root, 20, Some(Engine::LlamaCpp)).unwrap();
         let unresolved = fingerprint(
-            "llama.cpp",
+            Engine::LlamaCpp,
             &served(&[], &["/m/a.gguf"]),
             &[ModelPath {
                 path: "/m/a.gguf".into(),
@@ -843,7 +789,7 @@ mod tests {
         );
         assert_ne!(v, unresolved, "the link was followed inside the root");
         fs::write(fsroot.join("blobs/x"), b"GGUF-two").unwrap();
-        assert_ne!(of_process(proc_root, 20, Some("llama.cpp")), Some(v));
+        assert_ne!(of_process(proc_root, 20, Some(Engine::LlamaCpp)), Some(v));
     }
 
     #[test]
@@ -863,25 +809,28 @@ mod tests {
             "",
             "/",
         );
-        let v = of_process(proc_root, 30, Some("vllm")).unwrap();
+        let v = of_process(proc_root, 30, Some(Engine::Vllm)).unwrap();
         fs::write(m.join("README.md"), b"changed, still ignored").unwrap();
-        assert_eq!(of_process(proc_root, 30, Some("vllm")), Some(v.clone()));
+        assert_eq!(
+            of_process(proc_root, 30, Some(Engine::Vllm)),
+            Some(v.clone())
+        );
         fs::write(m.join("config.json"), br#"{"hidden_size":9}"#).unwrap();
-        let v2 = of_process(proc_root, 30, Some("vllm")).unwrap();
+        let v2 = of_process(proc_root, 30, Some(Engine::Vllm)).unwrap();
         assert_ne!(v, v2, "config.json content");
         fs::write(m.join("model-00001.safetensors"), vec![0u8; 4097]).unwrap();
         set_mtime(&m.join("model-00001.safetensors"), 1_600_000_000);
         assert_ne!(
-            of_process(proc_root, 30, Some("vllm")),
+            of_process(proc_root, 30, Some(Engine::Vllm)),
             Some(v2),
             "weights size"
         );
 
         fake_proc(proc_root, 31, "vllm serve meta-llama/Llama-3-8B", "", "/");
         assert_eq!(
-            of_process(proc_root, 31, Some("vllm")),
+            of_process(proc_root, 31, Some(Engine::Vllm)),
             Some(fingerprint(
-                "vllm",
+                Engine::Vllm,
                 &served(&[], &["meta-llama/Llama-3-8B"]),
                 &[ModelPath {
                     path: "meta-llama/Llama-3-8B".into(),

@@ -21,7 +21,11 @@ pub struct EngineName;
 impl Enricher for EngineName {
     fn enrich(&mut self, r: &mut RequestRecord, node: &NodeState) {
         if r.provider.is_none() {
-            r.provider = node.processes.get(&r.pid).and_then(|p| p.engine.clone());
+            r.provider = node
+                .processes
+                .get(&r.pid)
+                .and_then(|p| p.engine)
+                .map(|e| e.name().to_string());
         }
     }
 }
@@ -81,7 +85,7 @@ mod tests {
         node.processes.insert(
             7,
             ProcessInfo {
-                engine: Some("vllm".into()),
+                engine: Some(crate::engines::Engine::Vllm),
                 ..Default::default()
             },
         );
@@ -102,7 +106,7 @@ mod tests {
         node.processes.insert(
             7,
             ProcessInfo {
-                engine: Some("llama.cpp".into()),
+                engine: Some(crate::engines::Engine::LlamaCpp),
                 model_version: Some("0123456789ab".into()),
                 ..Default::default()
             },

@@ -26,6 +26,7 @@ use crate::stage::{NodeState, ProcessInfo, Task, TaskCx};
 use crate::{
     capture::{procfs, Capture, ProcEvent},
     discover,
+    engines::Engine,
     event::SocketEvent,
     identity::model_version,
 };
@@ -155,8 +156,8 @@ impl Targeter {
     /// says) its model version — the one per-process fingerprint, read
     /// from /proc and the model files only when a process is new or
     /// exec'd, never per request.
-    fn name(&self, pid: u32, node: &mut NodeState, version: Version) -> Option<String> {
-        let engine = discover::engine_of(&self.proc_root, pid).map(str::to_string);
+    fn name(&self, pid: u32, node: &mut NodeState, version: Version) -> Option<Engine> {
+        let engine = discover::engine_of(&self.proc_root, pid);
         let mut listen_ports: Vec<u16> = listening(&self.proc_root, pid).into_iter().collect();
         listen_ports.sort_unstable();
         let known = |p: u32| {
@@ -171,16 +172,14 @@ impl Targeter {
         }
         .unwrap_or_else(|| {
             (
-                model_version::of_process(&self.proc_root, pid, engine.as_deref()),
-                engine
-                    .as_deref()
-                    .and_then(|e| model_version::served_model(&self.proc_root, pid, e)),
+                model_version::of_process(&self.proc_root, pid, engine),
+                engine.and_then(|e| model_version::served_model(&self.proc_root, pid, e)),
             )
         });
         node.processes.insert(
             pid,
             ProcessInfo {
-                engine: engine.clone(),
+                engine,
                 listen_ports,
                 container: procfs::container_identity(&self.proc_root, pid),
                 model_version,
@@ -206,7 +205,7 @@ impl Targeter {
                         let engine = self.name(pid, node, Version::Compute);
                         eprintln!(
                             "tokentap: found pid {pid} ({}) listening on port(s) {ports:?}",
-                            engine.as_deref().unwrap_or("engine not recognised")
+                            engine.map_or("engine not recognised", Engine::name)
                         );
                     }
                 }
@@ -347,7 +346,7 @@ impl Targeter {
                 let engine = self.name(pid, node, Version::Compute);
                 eprintln!(
                     "tokentap: found pid {pid} ({}) listening on port(s) {:?}",
-                    engine.as_deref().unwrap_or("engine not recognised"),
+                    engine.map_or("engine not recognised", Engine::name),
                     {
                         let mut v: Vec<u16> = ports.into_iter().collect();
                         v.sort_unstable();

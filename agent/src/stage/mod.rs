@@ -91,7 +91,7 @@ impl NodeState {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ProcessInfo {
     /// The engine its command line names (gen_ai.provider.name).
-    pub engine: Option<String>,
+    pub engine: Option<crate::engines::Engine>,
     /// TCP ports it listens on (in its own network namespace), sorted.
     pub listen_ports: Vec<u16>,
     /// Its container (and pod), from its cgroup.

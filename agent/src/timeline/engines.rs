@@ -20,7 +20,7 @@ pub struct Engines {
 }
 
 fn engine_event(k: &'static str, ts: u64, pid: u32, p: &ProcessInfo, what: &str) -> Event {
-    let engine = p.engine.as_deref().unwrap_or("engine");
+    let engine = p.engine.map_or("engine", |e| e.name());
     let serving = p
         .model
         .as_deref()
@@ -37,7 +37,7 @@ fn engine_event(k: &'static str, ts: u64, pid: u32, p: &ProcessInfo, what: &str)
             ports.join(",")
         ),
     )
-    .with("gen_ai.provider.name", p.engine.clone())
+    .with("gen_ai.provider.name", p.engine.map(|e| e.name()))
     .with("process.pid", pid)
     .with("gen_ai.request.model", p.model.clone())
     .with("tokentap.model.version", p.model_version.clone())

@@ -50,7 +50,7 @@ fn engines_on(d: &DeviceSample, node: &NodeState) -> Vec<String> {
             node.processes.get(&p.pid).map(|i| {
                 format!(
                     "{} (pid {})",
-                    i.engine.as_deref().unwrap_or("engine"),
+                    i.engine.map_or("engine", |e| e.name()),
                     p.pid
                 )
             })
@@ -202,7 +202,7 @@ mod tests {
         node.processes.insert(
             42,
             ProcessInfo {
-                engine: Some("vllm".into()),
+                engine: Some(crate::engines::Engine::Vllm),
                 ..Default::default()
             },
         );

@@ -143,7 +143,7 @@ fn main() {
     let slice = secs / 10.0;
     for round in 0..20 {
         let mode = modes[round % modes.len()]; // 0: pre-scan on, 1: off
-        tokentap::decode::engines::set_fast_path(mode == 0);
+        tokentap::decode::formats::set_fast_path(mode == 0);
         let start = Instant::now();
         while start.elapsed().as_secs_f64() < slice {
             let mut d = Decoder::new();
@@ -157,7 +157,7 @@ fn main() {
         }
         spent[mode] += start.elapsed().as_secs_f64();
     }
-    tokentap::decode::engines::set_fast_path(true);
+    tokentap::decode::formats::set_fast_path(true);
     // A mode that did not run has no rate (null).
     let per_s = |n: u64, m: usize| (spent[m] > 0.0).then(|| (n as f64 / spent[m]).round());
     let v = serde_json::json!({

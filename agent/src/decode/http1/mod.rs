@@ -16,12 +16,10 @@ use std::collections::VecDeque;
 
 use self::head::{looks_like_request, Framing, HeadBuf, NotHttp, RequestHead, ResponseHead};
 use super::{
-    arrival::At,
-    body::Body,
-    engines::{provider_from_server_header, request_info_with},
-    exchange::Exchange,
-    ConnInfo, Flow, Out, Piece, MAX_PIPELINE, MAX_REQUEST_BODY,
+    arrival::At, body::Body, exchange::Exchange, formats::request_info_with, ConnInfo, Flow, Out,
+    Piece, MAX_PIPELINE, MAX_REQUEST_BODY,
 };
+use crate::engines::Engine;
 use crate::event::{Dir, Role};
 
 enum ReqState {
@@ -412,7 +410,7 @@ impl Http1Conn {
                     x.status = Some(head.status);
                     x.last_response_byte_ns = Some(ts);
                     if x.provider.is_none() {
-                        x.provider = head.server.as_deref().and_then(provider_from_server_header);
+                        x.provider = head.server.as_deref().and_then(Engine::from_server_header);
                     }
                     let body = Body::for_content_type(&head.content_type, x);
                     let no_body = head_request || head.status == 204 || head.status == 304;

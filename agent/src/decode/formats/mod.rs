@@ -1,10 +1,11 @@
-//! Engine wire formats: which endpoint speaks which format (`Format`), and
-//! what one stream event or body of it says (`interpret` → `EventInfo`).
-//! This module owns the dispatch and what the families share (request
-//! bodies, the tolerant serde field readers); each engine family's event
-//! shapes and reading live in its own file (`openai`, `tgi`, `ollama`,
-//! `llamacpp`, `triton`), so adding an engine is adding a file, a `Format`
-//! and its arm in `interpret`.
+//! Wire formats: which endpoint speaks which API (`Format`), and what one
+//! stream event or body of it says (`interpret` → `EventInfo`). This
+//! module owns the dispatch and what the formats share (request bodies,
+//! the tolerant serde field readers); each API family's event shapes and
+//! reading live in its own file (`openai`, `tgi`, `ollama`, `llamacpp`,
+//! `triton`). A new API is a file, a `Format` and its arm in `interpret`;
+//! a new engine that speaks a known API needs nothing here (its facts are
+//! in `crate::engines`).
 //!
 //! Must not: allocate per event on the OpenAI path (strings borrow from the
 //! event's bytes), fail a whole event on one odd field (fields read as
@@ -15,6 +16,8 @@ use std::borrow::Cow;
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::Value;
+
+use crate::engines::Engine;
 
 /// The API an exchange speaks, decided from the request path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,29 +79,16 @@ impl Format {
         })
     }
 
-    /// The engine, when the API alone says which it is.
-    pub fn provider(self) -> Option<&'static str> {
+    /// The engine, when the API is one engine's own (the OpenAI API is
+    /// everyone's).
+    pub fn provider(self) -> Option<Engine> {
         match self {
-            Format::TgiGenerate => Some("tgi"),
-            Format::OllamaChat | Format::OllamaGenerate => Some("ollama"),
-            Format::LlamaCppCompletion => Some("llama.cpp"),
-            Format::TritonGenerate => Some("triton"),
+            Format::TgiGenerate => Some(Engine::Tgi),
+            Format::OllamaChat | Format::OllamaGenerate => Some(Engine::Ollama),
+            Format::LlamaCppCompletion => Some(Engine::LlamaCpp),
+            Format::TritonGenerate => Some(Engine::Triton),
             _ => None,
         }
-    }
-}
-
-/// The engine named by a `Server` response header, if any.
-pub fn provider_from_server_header(server: &str) -> Option<&'static str> {
-    let s = server.to_ascii_lowercase();
-    if s.contains("llama.cpp") {
-        Some("llama.cpp")
-    } else if s.contains("ollama") {
-        Some("ollama")
-    } else if s.contains("text-generation-inference") {
-        Some("tgi")
-    } else {
-        None
     }
 }
 

@@ -1,0 +1,14 @@
+//! Ollama (<https://github.com/ollama/ollama>): `ollama serve`, its own
+//! `/api/chat` and `/api/generate` besides the OpenAI-compatible API.
+
+use super::Spec;
+
+pub(super) const SPEC: Spec = Spec {
+    name: "ollama",
+    cmdline: &["ollama"],
+    server_header: &["ollama"],
+    // Models are loaded per request; the command line names none.
+    model_flags: None,
+    // No Prometheus endpoint.
+    metrics: None,
+};
