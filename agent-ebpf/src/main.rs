@@ -27,8 +27,6 @@ mod ctx;
 #[cfg(target_arch = "bpf")]
 mod data;
 #[cfg(target_arch = "bpf")]
-mod floor;
-#[cfg(target_arch = "bpf")]
 mod maps;
 #[cfg(target_arch = "bpf")]
 mod process;

@@ -90,13 +90,6 @@ enum Cmd {
         #[arg(long, value_name = "PATH", env = "TOKENTAP_NVML_LIBRARY")]
         nvml_library: Option<PathBuf>,
     },
-    /// Benchmark helper: attach only the reference "floor" programs (one
-    /// map lookup on write enter/exit) for SECS seconds.
-    #[command(hide = true)]
-    Floor {
-        #[arg(long, value_name = "SECS", default_value_t = 10.0)]
-        duration: f64,
-    },
 }
 
 #[derive(Args)]
@@ -205,7 +198,6 @@ fn main() -> ExitCode {
                 }
                 Err(e) => Err(e),
             },
-            Cmd::Floor { duration } => floor(duration).await,
             Cmd::GpuCheck {
                 secs,
                 interval,
@@ -283,16 +275,6 @@ async fn capture(a: CaptureArgs) -> Result<()> {
             writer.events,
             serde_json::to_string(&st).unwrap_or_default()
         );
-    }
-    Ok(())
-}
-
-async fn floor(secs: f64) -> Result<()> {
-    let _ebpf = tokentap::capture::attach_floor()?;
-    eprintln!("tokentap: floor programs attached; ready");
-    tokio::select! {
-        _ = tokio::time::sleep(Duration::from_secs_f64(secs.max(0.0))) => {},
-        _ = shutdown_signal() => {},
     }
     Ok(())
 }

@@ -85,9 +85,10 @@ Capture rows: the workload is a write-heavy SSE server (each write one HTTP chun
 its writer thread's CPU (CLOCK_THREAD_CPUTIME_ID) so the agent's own CPU on the other core does not count against it; \
 the agent is `tokentap run` (capture + decode + records) with `--data-hooks btf` (the default where the kernel allows it), \
 compared in the same run with `--data-hooks tracepoint` (the syscall-tracepoint programs, the fallback) and \
-`--capture-reference` (the capture path before issue 14: tracepoint programs, per-record ring reads, a wake-up every 64 \
+`--capture-reference` (the earlier capture path: tracepoint programs, per-record ring reads, a wake-up every 64 \
 records; \"the reference's added cost\" = (BTF − untraced) / (reference − untraced)). Floor: one hash lookup on write \
-enter and exit (`agent-ebpf/src/floor.rs`). \
+enter and exit (`agent-ebpf/src/bin/floor.rs`, its own object, attached by the bench). The reference is the agent built with \
+the `bench-reference` feature (target/dist/tokentap-reference); the shipped binary has neither. \
 Engine rows: llama.cpp `llama-server` (1 thread, 4 slots, tiny random-weight model) under 4 concurrent `openai` SDK \
 streams of 64 tokens; TTFT/TPOT differences: 60 sequential mixed requests per engine, tokentap − client per request.
 ";
@@ -244,7 +245,7 @@ enum Tracer {
 
 /// How the agent captures: the BTF data program (the default where the
 /// kernel allows it), the syscall-tracepoint programs (the fallback), or
-/// the capture path as it was before issue 14 (`--capture-reference`:
+/// the earlier capture path (`--capture-reference`, in the bench's own build:
 /// tracepoint programs, per-record ring reads, a wake-up every 64
 /// records) — this benchmark's reference.
 #[derive(Clone, Copy, PartialEq)]
@@ -260,6 +261,13 @@ impl Hooks {
             Hooks::Btf => vec!["--data-hooks".into(), "btf".into()],
             Hooks::Tracepoint => vec!["--data-hooks".into(), "tracepoint".into()],
             Hooks::Reference => vec!["--capture-reference".into()],
+        }
+    }
+    /// The binary: the reference path is only in the bench's own build.
+    fn binary(self) -> &'static str {
+        match self {
+            Hooks::Reference => REFERENCE_BIN,
+            _ => "tokentap",
         }
     }
     /// What the agent's ready line must say.
@@ -308,9 +316,72 @@ impl Drop for Spawned {
     }
 }
 
+/// The agent built with the `bench-reference` feature (its
+/// `--capture-reference` path), beside the shipped one in target/dist.
+const REFERENCE_BIN: &str = "tokentap-reference";
+
+/// The floor tracer's eBPF object, built by [`capture_builds`].
+static FLOOR_OBJECT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+/// What the capture bench needs beyond the shipped build: the floor
+/// tracer's object (`agent-ebpf/src/bin/floor.rs`) and the agent with the
+/// reference path (`--features bench-reference`), copied to
+/// target/dist/tokentap-reference; then the shipped agent again, so
+/// target/dist/tokentap is the binary that ships.
+fn capture_builds() -> Result<()> {
+    let tc = crate::toolchain::ensure()?;
+    let floor = crate::ebpf::build_floor(&tc)?;
+    let _ = FLOOR_OBJECT.set(floor);
+    let mut cmd = crate::util::cargo();
+    cmd.args(["build", "-p", "tokentap", "--bin", "tokentap"])
+        .args(["--features", "bench-reference"])
+        .args(crate::Profile::Dist.args())
+        .env("TOKENTAP_EBPF_OBJ", crate::ebpf::object_path());
+    crate::util::run(&mut cmd)?;
+    std::fs::copy(bin("tokentap"), bin(REFERENCE_BIN)).context("copying the reference build")?;
+    crate::build(crate::Profile::Dist)
+}
+
+/// Attaches the floor tracer (one hash lookup on write enter and exit) in
+/// this process; the programs stay attached while the returned object
+/// lives.
+fn attach_floor() -> Result<aya::Ebpf> {
+    let obj = FLOOR_OBJECT
+        .get()
+        .context("the floor object was not built")?;
+    if !std::path::Path::new("/sys/kernel/tracing/events").is_dir() {
+        crate::util::run(Command::new("mount").args([
+            "-t",
+            "tracefs",
+            "tracefs",
+            "/sys/kernel/tracing",
+        ]))?;
+    }
+    let mut ebpf = aya::Ebpf::load_file(obj)
+        .with_context(|| format!("loading the floor tracer {}", obj.display()))?;
+    for (prog, tp) in [
+        ("floor_sys_enter_write", "sys_enter_write"),
+        ("floor_sys_exit_write", "sys_exit_write"),
+    ] {
+        let p: &mut aya::programs::TracePoint = ebpf
+            .program_mut(prog)
+            .with_context(|| format!("the floor object has no {prog}"))?
+            .try_into()?;
+        p.load().with_context(|| format!("loading {prog}"))?;
+        p.attach("syscalls", tp)
+            .with_context(|| format!("attaching {prog}"))?;
+    }
+    Ok(ebpf)
+}
+
 /// Starts tokentap; `expect`: a text its ready line must contain.
 fn spawn_tokentap(args: &[String], expect: Option<&str>) -> Result<Spawned> {
-    let mut child = Command::new(bin("tokentap"))
+    spawn_agent("tokentap", args, expect)
+}
+
+/// Starts the agent binary `name` (in target/dist).
+fn spawn_agent(name: &str, args: &[String], expect: Option<&str>) -> Result<Spawned> {
+    let mut child = Command::new(bin(name))
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -419,12 +490,13 @@ fn measure_with(workload: &[&str], tracer: Tracer, prog_stats: bool) -> Result<S
     } else {
         None
     };
+    let mut floor = None;
     let agent = match tracer {
         Tracer::None => None,
-        Tracer::Floor => Some(spawn_tokentap(
-            &["floor".into(), "--duration".into(), "600".into()],
-            None,
-        )?),
+        Tracer::Floor => {
+            floor = Some(attach_floor()?);
+            None
+        }
         Tracer::AgentOnWorkload(hooks) | Tracer::AgentElsewhere(hooks) => {
             let target = if matches!(tracer, Tracer::AgentOnWorkload(_)) {
                 pid
@@ -451,7 +523,7 @@ fn measure_with(workload: &[&str], tracer: Tracer, prog_stats: bool) -> Result<S
                 "--no-console".into(),
             ];
             args.extend(hooks.args());
-            Some(spawn_tokentap(&args, Some(hooks.ready()))?)
+            Some(spawn_agent(hooks.binary(), &args, Some(hooks.ready()))?)
         }
     };
     let at_go = match &stats {
@@ -469,6 +541,7 @@ fn measure_with(workload: &[&str], tracer: Tracer, prog_stats: bool) -> Result<S
         None => (0.0, 0.0),
     };
     drop(stats);
+    drop(floor);
     let v: Value = serde_json::from_str(&line).with_context(|| format!("bad result {line:?}"))?;
     let mut s = Sample {
         writes: v["writes"].as_f64().unwrap_or(0.0),
@@ -592,6 +665,7 @@ fn decode(secs: f64, rounds: usize) -> Result<Vec<Row>> {
 
 fn capture(secs: f64, rounds: usize) -> Result<Vec<Row>> {
     use Hooks::{Btf, Reference as Ref, Tracepoint as Tp};
+    capture_builds()?;
     let s = format!("{secs}");
     let on = Tracer::AgentOnWorkload;
     let off = Tracer::AgentElsewhere;

@@ -10,10 +10,27 @@ use crate::{
 };
 
 pub fn object_path() -> PathBuf {
-    root().join("target/bpf/bpfel-unknown-none/release/agent-ebpf")
+    object_path_of("agent-ebpf")
 }
 
+fn object_path_of(bin: &str) -> PathBuf {
+    root()
+        .join("target/bpf/bpfel-unknown-none/release")
+        .join(bin)
+}
+
+/// The agent's kernel programs.
 pub fn build(tc: &Toolchain) -> Result<PathBuf> {
+    build_bin(tc, "agent-ebpf")
+}
+
+/// The capture benchmark's floor tracer (`agent-ebpf/src/bin/floor.rs`),
+/// an object the agent never loads.
+pub fn build_floor(tc: &Toolchain) -> Result<PathBuf> {
+    build_bin(tc, "floor")
+}
+
+fn build_bin(tc: &Toolchain, bin: &str) -> Result<PathBuf> {
     let mut cmd = Command::new("cargo");
     cmd.current_dir(root())
         .args([
@@ -22,7 +39,7 @@ pub fn build(tc: &Toolchain) -> Result<PathBuf> {
             "--package",
             "agent-ebpf",
             "--bin",
-            "agent-ebpf",
+            bin,
             "--target",
             "bpfel-unknown-none",
             "-Z",
@@ -48,5 +65,5 @@ pub fn build(tc: &Toolchain) -> Result<PathBuf> {
         .env_remove("CARGO");
     tc.apply(&mut cmd);
     run(&mut cmd)?;
-    Ok(object_path())
+    Ok(object_path_of(bin))
 }

@@ -10,6 +10,7 @@
 
 pub mod clock;
 mod conns;
+pub mod probes;
 pub mod procfs;
 pub mod programs;
 pub mod reassemble;
@@ -30,14 +31,14 @@ use agent_ebpf::{
 };
 use anyhow::{bail, Context, Result};
 use aya::{
-    maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, MapData, PerCpuArray},
     Ebpf,
 };
 use tokio::io::unix::AsyncFd;
 
 use self::{clock::ClockOffset, procfs::TcpEntry, reassemble::Reassembler, sockfd::SockFds};
 pub use self::{
-    programs::{attach_floor, ensure_tracefs, OBJECT_ENV, TRACEFS},
+    programs::{ensure_tracefs, OBJECT_ENV, TRACEFS},
     records::{ProcEvent, PROC_EVENTS_CAP},
 };
 use crate::event::{OpenEvent, SocketEvent};
@@ -75,7 +76,9 @@ pub struct CaptureOptions {
     /// measures the shipped path against it in the same run):
     /// syscall-tracepoint data hooks, the ring buffer read one record at a
     /// time (aya's reader, publishing the read position after each
-    /// record), a reader wake-up every 64 records per CPU.
+    /// record), a reader wake-up every 64 records per CPU. Only in a
+    /// build with the `bench-reference` feature (the bench's own build).
+    #[cfg(feature = "bench-reference")]
     pub capture_reference: bool,
 }
 
@@ -101,6 +104,7 @@ impl Default for CaptureOptions {
             allow_no_targets: false,
             arrival: true,
             data_hooks: DataHooks::Auto,
+            #[cfg(feature = "bench-reference")]
             capture_reference: false,
         }
     }
@@ -184,6 +188,17 @@ fn wakeup_every(ring_bytes: u32, cap: u32) -> u32 {
 const WAKEUP_CAP: u32 = 256;
 const REFERENCE_WAKEUP_CAP: u32 = 64;
 
+impl CaptureOptions {
+    /// Whether this is the benchmark's reference path (never, in a build
+    /// without the `bench-reference` feature).
+    fn reference(&self) -> bool {
+        #[cfg(feature = "bench-reference")]
+        return self.capture_reference;
+        #[cfg(not(feature = "bench-reference"))]
+        false
+    }
+}
+
 /// Userspace state the record handler mutates (kept apart from the ring
 /// buffer so both can be borrowed at once).
 struct State {
@@ -226,13 +241,43 @@ enum Ring {
         limit: u64,
     },
     /// aya's per-record reads (`--capture-reference`).
-    PerRecord(RingBuf<MapData>),
+    #[cfg(feature = "bench-reference")]
+    PerRecord(aya::maps::RingBuf<MapData>),
+}
+
+impl Ring {
+    fn new(events: aya::maps::Map, opts: &CaptureOptions) -> Result<Ring> {
+        #[cfg(feature = "bench-reference")]
+        if opts.reference() {
+            return Ok(Ring::PerRecord(aya::maps::RingBuf::try_from(events)?));
+        }
+        let aya::maps::Map::RingBuf(map) = events else {
+            bail!("the EVENTS map is not a ring buffer");
+        };
+        let reader = ring::RingReader::new(map.fd().as_fd(), opts.ring_bytes)
+            .context("mapping the ring buffer")?;
+        Ok(Ring::Batched {
+            reader,
+            map,
+            limit: opts.ring_bytes as u64,
+        })
+    }
+}
+
+/// The reader wake-up cap `opts` asks for.
+fn wakeup_cap(opts: &CaptureOptions) -> u32 {
+    if opts.reference() {
+        REFERENCE_WAKEUP_CAP
+    } else {
+        WAKEUP_CAP
+    }
 }
 
 impl AsRawFd for Ring {
     fn as_raw_fd(&self) -> RawFd {
         match self {
             Ring::Batched { map, .. } => map.fd().as_fd().as_raw_fd(),
+            #[cfg(feature = "bench-reference")]
             Ring::PerRecord(r) => r.as_raw_fd(),
         }
     }
@@ -366,26 +411,19 @@ impl Capture {
             Config {
                 max_call_bytes: max_call,
                 abi_version: ABI_VERSION,
-                wakeup_every: wakeup_every(
-                    opts.ring_bytes,
-                    if opts.capture_reference {
-                        REFERENCE_WAKEUP_CAP
-                    } else {
-                        WAKEUP_CAP
-                    },
-                ),
+                wakeup_every: wakeup_every(opts.ring_bytes, wakeup_cap(opts)),
                 _pad: 0,
             },
             0,
         )?;
-        let hooks = if opts.capture_reference {
+        let hooks = if opts.reference() {
             DataHooks::Tracepoint
         } else {
             opts.data_hooks
         };
-        let data_hooks = programs::attach_agent(&mut ebpf, hooks)?;
+        let data_hooks = probes::attach_agent(&mut ebpf, hooks)?;
         let arrival_ports = if opts.arrival {
-            match programs::attach_arrival(&mut ebpf) {
+            match probes::attach_arrival(&mut ebpf) {
                 Ok(()) => Some(HashMap::try_from(
                     ebpf.take_map("ARRIVAL_PORTS")
                         .context("ARRIVAL_PORTS map missing")?,
@@ -413,20 +451,7 @@ impl Capture {
         // One mapping of the ring: aya's reader maps it too (and the kernel
         // maps a ring's pages at mmap time, so every mapping adds its
         // size to the agent's RSS, twice over for the wrap-around copy).
-        let ring = if opts.capture_reference {
-            Ring::PerRecord(RingBuf::try_from(events)?)
-        } else {
-            let aya::maps::Map::RingBuf(map) = events else {
-                bail!("the EVENTS map is not a ring buffer");
-            };
-            let reader = ring::RingReader::new(map.fd().as_fd(), opts.ring_bytes)
-                .context("mapping the ring buffer")?;
-            Ring::Batched {
-                reader,
-                map,
-                limit: opts.ring_bytes as u64,
-            }
-        };
+        let ring = Ring::new(events, opts)?;
         // SAFETY: the ring buffer's fd stays open for as long as the
         // AsyncFd owning it exists.
         let ring = unsafe { AsyncFd::register(ring) }.map_err(|e| {
@@ -580,6 +605,7 @@ impl Capture {
             Ring::Batched { reader, limit, .. } => {
                 reader.drain(*limit, |rec| st.handle(rec, out)).1
             }
+            #[cfg(feature = "bench-reference")]
             Ring::PerRecord(ring) => {
                 while let Some(item) = ring.next() {
                     st.handle(&item, out);

@@ -1,27 +1,20 @@
-//! The eBPF object and its programs: which object (embedded, or
-//! `TOKENTAP_EBPF_OBJECT` for tests), the kernel/user ABI check, tracefs,
-//! loading, and where each program attaches (syscall and sched
-//! tracepoints today; another attach kind, e.g. uprobes, goes in the same
-//! table).
+//! The eBPF object: which object (embedded, or `TOKENTAP_EBPF_OBJECT` for
+//! tests), the kernel/user ABI check, tracefs, loading. Where each of its
+//! programs attaches is the probe table (`probes.rs`).
 //!
-//! Owns: the program table and the ABI contract check. Must not: touch
-//! maps beyond sizing them at load (that is `Capture`'s job), or load an
-//! object whose record layout differs from `agent_ebpf::ABI_VERSION`.
+//! Owns: the ABI contract check and loading. Must not: touch maps beyond
+//! sizing them at load (that is `Capture`'s job), or load an object whose
+//! record layout differs from `agent_ebpf::ABI_VERSION`.
 
 use std::path::{Path, PathBuf};
 
 use agent_ebpf::{ABI_SECTION, ABI_VERSION};
 use anyhow::{bail, Context, Result};
-use aya::{
-    programs::{BtfTracePoint, TracePoint},
-    Btf, Ebpf, EbpfLoader,
-};
-
-use super::DataHooks;
+use aya::{Ebpf, EbpfLoader};
 use object::{Object, ObjectSection};
 
 /// The compiled kernel programs (empty when built without `cargo xtask`).
-static EBPF_OBJECT: &[u8] =
+pub(super) static EBPF_OBJECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/tokentap-ebpf.o"));
 
 /// Environment variable naming an eBPF object file to load instead of the
@@ -72,7 +65,7 @@ pub fn ensure_tracefs() -> Result<()> {
 }
 
 /// The tracefs `events` directory in use.
-fn tracefs_events() -> PathBuf {
+pub(super) fn tracefs_events() -> PathBuf {
     let main = Path::new(TRACEFS).join("events");
     if main.is_dir() {
         main
@@ -126,7 +119,7 @@ pub fn check_abi(elf: &[u8]) -> Result<()> {
 
 /// The object bytes: from `TOKENTAP_EBPF_OBJECT` when set, else the
 /// embedded ones.
-fn object_bytes() -> Result<Aligned> {
+pub(super) fn object_bytes() -> Result<Aligned> {
     if let Some(path) = std::env::var_os(OBJECT_ENV) {
         let path = PathBuf::from(path);
         let bytes = std::fs::read(&path)
@@ -145,13 +138,13 @@ fn object_bytes() -> Result<Aligned> {
 
 /// Bytes at an 8-byte-aligned address (the ELF parser reads structs in
 /// place and refuses misaligned data).
-struct Aligned {
+pub(super) struct Aligned {
     words: Vec<u64>,
     len: usize,
 }
 
 impl Aligned {
-    fn copy(bytes: &[u8]) -> Self {
+    pub(super) fn copy(bytes: &[u8]) -> Self {
         let mut words = vec![0u64; bytes.len().div_ceil(8)];
         for (w, chunk) in words.iter_mut().zip(bytes.chunks(8)) {
             let mut b = [0u8; 8];
@@ -164,7 +157,7 @@ impl Aligned {
         }
     }
 
-    fn bytes(&self) -> &[u8] {
+    pub(super) fn bytes(&self) -> &[u8] {
         // SAFETY: `words` holds at least `len` initialised bytes; u8 has
         // no alignment requirement.
         unsafe { std::slice::from_raw_parts(self.words.as_ptr().cast::<u8>(), self.len) }
@@ -187,238 +180,6 @@ pub(super) fn load_object(ring_bytes: u32, max_conns: u32) -> Result<Ebpf> {
             "loading the eBPF object failed: tokentap needs root \
              (or CAP_BPF + CAP_PERFMON) and Linux 5.17+ (ring buffers, bpf_loop)",
         )
-}
-
-/// Layout of `sched_process_fork`'s record on this kernel: which program
-/// variant reads `child_pid` at the right offset.
-fn fork_program() -> Option<&'static str> {
-    let format = tracefs_events().join("sched/sched_process_fork/format");
-    let text = std::fs::read_to_string(&format).ok()?;
-    fork_program_for(&text)
-}
-
-/// `fork_compact` (child_pid at 20) or `fork_legacy` (at 44) for a
-/// `sched_process_fork` format file; None for a layout we do not know.
-pub fn fork_program_for(format: &str) -> Option<&'static str> {
-    let line = format
-        .lines()
-        .find(|l| l.contains(" child_pid;") || l.contains("\tchild_pid;"))?;
-    let offset: usize = line
-        .split("offset:")
-        .nth(1)?
-        .split(';')
-        .next()?
-        .trim()
-        .parse()
-        .ok()?;
-    match offset {
-        20 => Some("fork_compact"),
-        44 => Some("fork_legacy"),
-        _ => None,
-    }
-}
-
-/// Where the agent's programs attach: (category, tracepoint), or None for
-/// programs it does not attach (the benchmark's `floor_*`, the fork
-/// variant this kernel's layout does not match).
-pub(super) fn agent_attach_point(name: &str, fork: Option<&str>) -> Option<(&'static str, String)> {
-    if name.starts_with("sys_enter_") || name.starts_with("sys_exit_") {
-        Some(("syscalls", name.to_string()))
-    } else if name.starts_with("sched_") {
-        Some(("sched", name.to_string()))
-    } else if name.starts_with("fork_") && fork == Some(name) {
-        Some(("sched", "sched_process_fork".to_string()))
-    } else {
-        // `tcp_probe` too: attach_arrival attaches it, when wanted and
-        // possible.
-        None
-    }
-}
-
-/// Loads and attaches every program `place` gives an attach point.
-fn attach_programs(
-    ebpf: &mut Ebpf,
-    place: impl Fn(&str) -> Option<(&'static str, String)>,
-) -> Result<()> {
-    let names: Vec<String> = ebpf.programs().map(|(n, _)| n.to_string()).collect();
-    for name in &names {
-        let Some((category, tp)) = place(name) else {
-            continue;
-        };
-        let prog: &mut TracePoint = ebpf
-            .program_mut(name)
-            .context("program vanished")?
-            .try_into()?;
-        prog.load().map_err(|e| load_failure(name, e))?;
-        prog.attach(category, &tp)
-            .with_context(|| format!("attaching {name} to {category}/{tp}"))?;
-    }
-    Ok(())
-}
-
-/// Why a program did not load. EPERM/EACCES with an empty verifier log is
-/// a privilege refusal, not the verifier's judgement (which also says
-/// EACCES, with its log).
-fn load_failure(name: &str, e: aya::programs::ProgramError) -> anyhow::Error {
-    let refused = match &e {
-        aya::programs::ProgramError::LoadError {
-            io_error,
-            verifier_log,
-        } => {
-            io_error.kind() == std::io::ErrorKind::PermissionDenied
-                && verifier_log.to_string().trim().is_empty()
-        }
-        _ => false,
-    };
-    let text = format!("{e:?}");
-    if refused {
-        return anyhow::anyhow!(
-            "the kernel refused to load {name}: Operation not permitted — tracepoint programs need CAP_PERFMON (with CAP_BPF) or root ({text})"
-        );
-    }
-    anyhow::anyhow!(text).context(format!("the kernel verifier rejected {name}"))
-}
-
-/// The data syscalls' perf tracepoint programs (`data.rs`), which the BTF
-/// program replaces when it is attached.
-pub fn is_data_tracepoint_program(name: &str) -> bool {
-    const DATA: [&str; 8] = [
-        "read", "write", "readv", "writev", "recvfrom", "sendto", "recvmsg", "sendmsg",
-    ];
-    name.strip_prefix("sys_enter_")
-        .or_else(|| name.strip_prefix("sys_exit_"))
-        .is_some_and(|call| DATA.contains(&call))
-}
-
-/// The BTF tracepoint program for socket data (`btf.rs`) on the raw
-/// `sys_exit` tracepoint.
-pub const BTF_DATA_PROGRAM: &str = "data_sys_exit";
-
-/// Loads and attaches the BTF data program; an error says why the kernel
-/// (or this build) does not allow it.
-fn attach_btf_data(ebpf: &mut Ebpf) -> Result<()> {
-    if !cfg!(target_arch = "x86_64") {
-        bail!("the BTF data program reads x86_64 registers; this is another architecture");
-    }
-    let btf = Btf::from_sys_fs().map_err(|e| anyhow::anyhow!(e)).context(
-        "no kernel BTF (/sys/kernel/btf/vmlinux; a kernel built with CONFIG_DEBUG_INFO_BTF has it)",
-    )?;
-    let prog: &mut BtfTracePoint = ebpf
-        .program_mut(BTF_DATA_PROGRAM)
-        .context("the eBPF object has no BTF data program (rebuild with `cargo xtask build`)")?
-        .try_into()?;
-    prog.load("sys_exit", &btf)
-        .map_err(|e| load_failure(BTF_DATA_PROGRAM, e))?;
-    prog.attach()
-        .context("attaching the BTF data program to the raw sys_exit tracepoint")?;
-    Ok(())
-}
-
-/// Attaches every program of the agent. Without a known
-/// `sched_process_fork` layout, children of targets are not followed in
-/// the kernel (a warning says so); everything else works.
-///
-/// Socket data is hooked as `hooks` asks; the result says which hooks are
-/// in use (`Btf` or `Tracepoint`). `Auto` falls back to the syscall
-/// tracepoints when the BTF program is refused, and says why once.
-pub(super) fn attach_agent(ebpf: &mut Ebpf, hooks: DataHooks) -> Result<DataHooks> {
-    let used = match hooks {
-        DataHooks::Tracepoint => DataHooks::Tracepoint,
-        DataHooks::Btf => {
-            attach_btf_data(ebpf).context("--data-hooks btf")?;
-            DataHooks::Btf
-        }
-        DataHooks::Auto => match attach_btf_data(ebpf) {
-            Ok(()) => DataHooks::Btf,
-            Err(e) => {
-                eprintln!(
-                    "tokentap: socket data through syscall tracepoints (the faster BTF tracepoint is not available: {e:#})"
-                );
-                DataHooks::Tracepoint
-            }
-        },
-    };
-    let fork = fork_program();
-    if fork.is_none() {
-        log::warn!(
-            "sched_process_fork has a record layout tokentap does not know: \
-             child processes of targets are not followed"
-        );
-    }
-    let events = tracefs_events();
-    attach_programs(ebpf, |name| {
-        if used == DataHooks::Btf && is_data_tracepoint_program(name) {
-            return None;
-        }
-        let (category, tp) = agent_attach_point(name, fork)?;
-        // fork and vfork are not syscalls on every architecture (arm64
-        // has only clone/clone3); elsewhere a missing tracepoint is an
-        // error worth reporting.
-        if OPTIONAL_TRACEPOINTS.contains(&tp.as_str()) && !events.join(category).join(&tp).is_dir()
-        {
-            log::debug!("{category}/{tp} does not exist here; {name} not attached");
-            return None;
-        }
-        Some((category, tp))
-    })?;
-    Ok(used)
-}
-
-/// Attaches the arrival program to `tcp:tcp_probe` when the tracepoint's
-/// record has the layout it reads (`agent_ebpf::arrival_tp`); an error
-/// says why not (the agent then runs without arrival times).
-pub(super) fn attach_arrival(ebpf: &mut Ebpf) -> Result<()> {
-    let format = tracefs_events().join("tcp/tcp_probe/format");
-    let text = std::fs::read_to_string(&format)
-        .with_context(|| format!("no tcp:tcp_probe tracepoint ({})", format.display()))?;
-    arrival_layout_matches(&text)?;
-    attach_programs(ebpf, |name| {
-        (name == "tcp_probe").then(|| ("tcp", "tcp_probe".to_string()))
-    })
-}
-
-/// Checks a `tcp_probe` format file against the offsets the program reads.
-pub fn arrival_layout_matches(format: &str) -> Result<()> {
-    for (field, offset, size) in agent_ebpf::arrival_tp::FIELDS {
-        let line = format
-            .lines()
-            .find(|l| {
-                l.split(';').next().is_some_and(|d| {
-                    d.ends_with(&format!(" {field}")) || d.ends_with(&format!(" {field}[28]"))
-                })
-            })
-            .with_context(|| format!("tcp_probe has no field {field}"))?;
-        let num = |key: &str| -> Option<usize> {
-            line.split(key)
-                .nth(1)?
-                .split(';')
-                .next()?
-                .trim()
-                .parse()
-                .ok()
-        };
-        if num("offset:") != Some(offset) || num("size:") != Some(size) {
-            anyhow::bail!(
-                "tcp_probe's {field} is not at offset {offset} (size {size}) on this kernel: {}",
-                line.trim()
-            );
-        }
-    }
-    Ok(())
-}
-
-/// Tracepoints some architectures lack.
-const OPTIONAL_TRACEPOINTS: [&str; 2] = ["sys_enter_fork", "sys_enter_vfork"];
-
-/// Attaches only the benchmark's reference programs (one map lookup on
-/// write enter/exit). Keep the returned object alive while measuring.
-pub fn attach_floor() -> Result<Ebpf> {
-    let mut ebpf = load_object(4096, 1024)?;
-    attach_programs(&mut ebpf, |name| {
-        name.strip_prefix("floor_")
-            .map(|tp| ("syscalls", tp.to_string()))
-    })?;
-    Ok(ebpf)
 }
 
 #[cfg(test)]
@@ -481,47 +242,5 @@ mod tests {
             let obj = Aligned::copy(EBPF_OBJECT);
             assert_eq!(object_abi_version(obj.bytes()).unwrap(), ABI_VERSION);
         }
-    }
-
-    /// `tcp:tcp_probe`'s fields on Linux 6.18 (this repository's VM).
-    const TCP_PROBE_6_18: &str = "\tfield:__u8 saddr[28];\toffset:8;\tsize:28;\tsigned:0;\n\tfield:__u8 daddr[28];\toffset:36;\tsize:28;\tsigned:0;\n\tfield:__u16 sport;\toffset:64;\tsize:2;\tsigned:0;\n\tfield:__u16 dport;\toffset:66;\tsize:2;\tsigned:0;\n\tfield:__u16 family;\toffset:68;\tsize:2;\tsigned:0;\n\tfield:__u32 mark;\toffset:72;\tsize:4;\tsigned:0;\n\tfield:__u16 data_len;\toffset:76;\tsize:2;\tsigned:0;\n\tfield:__u32 snd_nxt;\toffset:80;\tsize:4;\tsigned:0;\n\tfield:__u32 snd_una;\toffset:84;\tsize:4;\tsigned:0;\n\tfield:__u32 snd_cwnd;\toffset:88;\tsize:4;\tsigned:0;\n\tfield:__u32 ssthresh;\toffset:92;\tsize:4;\tsigned:0;\n\tfield:__u32 snd_wnd;\toffset:96;\tsize:4;\tsigned:0;\n\tfield:__u32 srtt;\toffset:100;\tsize:4;\tsigned:0;\n\tfield:__u32 rcv_wnd;\toffset:104;\tsize:4;\tsigned:0;\n\tfield:__u64 sock_cookie;\toffset:112;\tsize:8;\tsigned:0;\n\tfield:const void * skbaddr;\toffset:120;\tsize:8;\tsigned:0;\n\tfield:const void * skaddr;\toffset:128;\tsize:8;\tsigned:0;";
-
-    #[test]
-    fn the_arrival_program_attaches_only_where_tcp_probe_has_its_layout() {
-        arrival_layout_matches(TCP_PROBE_6_18).unwrap();
-        // A kernel without `family` before `mark` (fields shifted).
-        let shifted = TCP_PROBE_6_18.replace("data_len;\toffset:76;", "data_len;\toffset:72;");
-        let e = arrival_layout_matches(&shifted).unwrap_err().to_string();
-        assert!(e.contains("data_len is not at offset 76"), "{e}");
-        let e = arrival_layout_matches("format:\n").unwrap_err().to_string();
-        assert!(e.contains("no field daddr"), "{e}");
-    }
-
-    #[test]
-    fn fork_variant_follows_the_tracepoint_layout() {
-        let compact = "\tfield:__data_loc char[] parent_comm;\toffset:8;\tsize:4;\tsigned:0;\n\
-                       \tfield:pid_t parent_pid;\toffset:12;\tsize:4;\tsigned:1;\n\
-                       \tfield:__data_loc char[] child_comm;\toffset:16;\tsize:4;\tsigned:0;\n\
-                       \tfield:pid_t child_pid;\toffset:20;\tsize:4;\tsigned:1;\n";
-        let legacy = "\tfield:char parent_comm[16];\toffset:8;\tsize:16;\tsigned:0;\n\
-                      \tfield:pid_t parent_pid;\toffset:24;\tsize:4;\tsigned:1;\n\
-                      \tfield:char child_comm[16];\toffset:28;\tsize:16;\tsigned:0;\n\
-                      \tfield:pid_t child_pid;\toffset:44;\tsize:4;\tsigned:1;\n";
-        assert_eq!(fork_program_for(compact), Some("fork_compact"));
-        assert_eq!(fork_program_for(legacy), Some("fork_legacy"));
-        assert_eq!(
-            fork_program_for("\tfield:pid_t child_pid;\toffset:36;\tsize:4;"),
-            None
-        );
-        assert_eq!(fork_program_for(""), None);
-        assert_eq!(
-            agent_attach_point("fork_compact", Some("fork_compact")),
-            Some(("sched", "sched_process_fork".to_string()))
-        );
-        assert_eq!(
-            agent_attach_point("fork_legacy", Some("fork_compact")),
-            None
-        );
-        assert_eq!(agent_attach_point("floor_sys_enter_write", None), None);
     }
 }

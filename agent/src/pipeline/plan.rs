@@ -244,7 +244,9 @@ pub struct KernelFlags {
     /// Benchmark reference only: the capture path as it was before the
     /// cheaper one (syscall-tracepoint data hooks, per-record ring reads,
     /// a reader wake-up every 64 records). `cargo xtask bench capture`
-    /// compares against it in the same run.
+    /// compares against it in the same run, with its own build (the
+    /// `bench-reference` feature); the shipped binary has no such flag.
+    #[cfg(feature = "bench-reference")]
     #[arg(long, hide = true)]
     pub capture_reference: bool,
 }
@@ -257,6 +259,7 @@ impl Default for KernelFlags {
             max_conns: DEFAULT_MAX_CONNS,
             no_arrival_time: false,
             data_hooks: DataHooks::Auto,
+            #[cfg(feature = "bench-reference")]
             capture_reference: false,
         }
     }
@@ -273,6 +276,7 @@ impl KernelFlags {
             max_conns: self.max_conns,
             arrival: !self.no_arrival_time,
             data_hooks: self.data_hooks,
+            #[cfg(feature = "bench-reference")]
             capture_reference: self.capture_reference,
             ..CaptureOptions::default()
         }
