@@ -17,7 +17,7 @@ use aya_ebpf::{
 };
 
 use crate::{
-    ctx::{arg, bump, ret, send},
+    ctx::{arg, rare, ret, send},
     maps::{arm, disarm, CONNS, TARGETS},
 };
 
@@ -84,7 +84,7 @@ fn track(id: u64, fd: i32, listen_fd: i32, addr_ptr: u64, role: u8, sc: u8) {
     }
     let st = ConnState { role, _pad: [0; 7] };
     if CONNS.insert(&conn_key(h.tgid, fd), &st, 0).is_err() {
-        bump(stat::CONNS_FULL);
+        rare(stat::CONNS_FULL);
         return;
     }
     send(&h);

@@ -21,7 +21,7 @@ use aya_ebpf::{
 };
 
 use crate::{
-    ctx::{arg, bump, ret, send},
+    ctx::{arg, bump, rare, ret, send},
     maps::{arm, disarm, Pending, CONFIG, CONNS, SCRATCH, TARGETS},
 };
 
@@ -152,7 +152,7 @@ pub(crate) fn emit(id: u64, p: &Pending, r: i64) {
             )
         };
         if rc != 0 {
-            bump(stat::READ_FAULTS);
+            rare(stat::READ_FAULTS);
             n = 0;
         }
         output(s, n);
@@ -174,7 +174,7 @@ pub(crate) fn emit(id: u64, p: &Pending, r: i64) {
                 )
             };
             if rc != 0 {
-                bump(stat::READ_FAULTS);
+                rare(stat::READ_FAULTS);
                 s.hdr.total_len = 0;
                 output(s, 0);
                 return;
@@ -275,7 +275,7 @@ fn advance(s: &mut crate::maps::Scratch, w: &mut Walk) -> i64 {
         };
         w.idx += 1;
         if rc != 0 {
-            bump(stat::READ_FAULTS);
+            rare(stat::READ_FAULTS);
             return 1;
         }
         w.cur_ptr = iov[0];
@@ -300,7 +300,7 @@ fn advance(s: &mut crate::maps::Scratch, w: &mut Walk) -> i64 {
         )
     };
     if rc != 0 {
-        bump(stat::READ_FAULTS);
+        rare(stat::READ_FAULTS);
         return 1;
     }
     w.pos = at + n;

@@ -60,6 +60,11 @@ pub static CONFIG: Array<Config> = Array::with_max_entries(1, 0);
 #[map]
 pub static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(stat::COUNT, 0);
 
+/// When each rare condition (`ctx::rare`) was last reported, in
+/// `bpf_ktime_get_ns` time: one slot per statistic, shared by all CPUs.
+#[map]
+pub static REPORTED: Array<u64> = Array::with_max_entries(stat::COUNT, 0);
+
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct Pending {

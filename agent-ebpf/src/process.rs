@@ -24,7 +24,7 @@ use aya_ebpf::{
 };
 
 use crate::{
-    ctx::{arg, bump, send},
+    ctx::{arg, bump, rare, send},
     maps::{FORKING, TARGETS, TARGET_SLOTS},
 };
 
@@ -158,7 +158,7 @@ fn on_fork(child_pid: u32) -> u32 {
         unsafe { *p = 1 };
     }
     if TARGETS.insert(&child_pid, &1u8, 0).is_err() {
-        bump(stat::TARGETS_FULL);
+        rare(stat::TARGETS_FULL);
         return 0;
     }
     bump(stat::FORKS_FOLLOWED);

@@ -380,6 +380,21 @@ fn a_tiny_ring_buffer_counts_drops_instead_of_hanging() {
     assert!(sent + dropped >= n as u64, "{:?}", cap.stats);
     let events = of_type(&cap.events, "data").len() as u64;
     assert!(events <= sent, "more events than records sent");
+    // The kernel reported the condition through aya-log (at most once a
+    // second), and the agent said it once (its own limit: once a minute
+    // per text), never once per dropped record.
+    let reports = cap.stats["kernel_reports"].as_u64().unwrap();
+    assert!(
+        reports >= 1 && reports < dropped,
+        "kernel reports {reports} for {dropped} drops"
+    );
+    let said: Vec<&String> = cap
+        .stderr
+        .iter()
+        .filter(|l| l.contains("kernel: ring buffer full: a record was dropped"))
+        .collect();
+    assert_eq!(said.len(), 1, "said once: {said:?}\n{:?}", cap.stderr);
+    assert!(said[0].contains(&format!("(pid {})", a.pid)), "{}", said[0]);
 }
 
 #[test]

@@ -10,6 +10,7 @@
 
 pub mod clock;
 mod conns;
+pub mod kernel_log;
 pub mod probes;
 pub mod procfs;
 pub mod programs;
@@ -23,6 +24,10 @@ use std::{
     collections::{HashMap as StdHashMap, HashSet},
     os::fd::{AsFd, AsRawFd, RawFd},
     path::PathBuf,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc,
+    },
 };
 
 use agent_ebpf::{
@@ -169,6 +174,9 @@ pub struct CaptureStats {
     /// Process events not queued because nobody took them
     /// ([`PROC_EVENTS_CAP`]).
     pub proc_events_dropped: u64,
+    /// Reports of rare conditions the kernel programs sent (aya-log; the
+    /// texts are in the agent's log, `tokentap::kernel`).
+    pub kernel_reports: u64,
 }
 
 /// Records per CPU between forced reader wake-ups: `cap`, or fewer so
@@ -361,6 +369,9 @@ pub struct Capture {
     arrival_set: HashSet<u16>,
     /// The data hooks in use: `Btf` or `Tracepoint`.
     data_hooks: DataHooks,
+    /// The kernel programs' reports (aya-log), read with each drain.
+    kernel_log: aya_log::EbpfLogger<kernel_log::KernelLog>,
+    kernel_reports: Arc<AtomicU64>,
     _config: Array<MapData, Config>,
     _ebpf: Ebpf,
 }
@@ -485,12 +496,20 @@ impl Capture {
         for pid in pids {
             st.add_tree(pid)?;
         }
+        let kernel_reports = Arc::new(AtomicU64::new(0));
+        let kernel_log = aya_log::EbpfLogger::init_with_logger(
+            &mut ebpf,
+            kernel_log::KernelLog::new(kernel_reports.clone()),
+        )
+        .context("reading the kernel programs' reports (aya-log's AYA_LOGS map)")?;
         let mut cap = Self {
             ring,
             st,
             arrival_ports,
             arrival_set: HashSet::new(),
             data_hooks,
+            kernel_log,
+            kernel_reports,
             _config: config,
             _ebpf: ebpf,
         };
@@ -590,6 +609,7 @@ impl Capture {
     /// Converts whatever is in the ring buffer now, without waiting
     /// (several bounded reads when a burst is waiting).
     pub fn drain(&mut self, out: &mut Vec<SocketEvent>) {
+        self.kernel_log.flush();
         for _ in 0..16 {
             if !Self::read(self.ring.get_mut(), &mut self.st, out) {
                 break;
@@ -652,6 +672,7 @@ impl Capture {
             targets: st.target_pids.len() as u64,
             targets_in_kernel: st.kernel_target_count(),
             proc_events_dropped: st.proc_events_dropped,
+            kernel_reports: self.kernel_reports.load(Ordering::Relaxed),
         }
     }
 }
