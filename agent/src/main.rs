@@ -3,16 +3,14 @@
 use std::{path::PathBuf, process::ExitCode, time::Duration};
 
 use anyhow::{bail, Result};
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use tokentap::{
     capfile::Writer,
     capture::Capture,
     event::SocketEvent,
     pipeline::{
-        plan::{
-            merge_config_file, resolve, run_option_names, tenant_header_names, KernelFlags,
-            ProcessEnv, RunFlags,
-        },
+        config::run_plan,
+        plan::{tenant_header_names, KernelFlags, ProcessEnv, RunFlags},
         run::{deadline, shutdown_signal, ReplayPlan},
     },
     source::EventSource,
@@ -156,15 +154,22 @@ fn main() -> ExitCode {
     // TLS (an https:// collector, the Kubernetes API) is rustls with ring
     // throughout; clients that do not name a provider take this one.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let args: Vec<String> = std::env::args().collect();
-    let args = match merge_config_file(&args, &run_option_names()) {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("tokentap: error: {e:#}");
-            return ExitCode::FAILURE;
-        }
+    let matches = Cli::command().get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(c) => c,
+        Err(e) => e.exit(),
     };
-    let cli = Cli::parse_from(args);
+    // `run`: its config file's options go under the command line's.
+    let plan = match (&cli.cmd, matches.subcommand_matches("run")) {
+        (Cmd::Run(flags), Some(given)) => match run_plan((**flags).clone(), given, &ProcessEnv) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                eprintln!("tokentap: error: {e:#}");
+                return ExitCode::FAILURE;
+            }
+        },
+        _ => None,
+    };
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -178,9 +183,9 @@ fn main() -> ExitCode {
     };
     let res = rt.block_on(async {
         match cli.cmd {
-            Cmd::Run(a) => match resolve(&a, &ProcessEnv) {
-                Ok(plan) => tokentap::pipeline::run::run(plan).await,
-                Err(e) => Err(e),
+            Cmd::Run(_) => match plan {
+                Some(plan) => tokentap::pipeline::run::run(plan).await,
+                None => unreachable!("`run` was resolved above"),
             },
             Cmd::Capture(a) => capture(a).await,
             Cmd::Replay(a) => match tenant_header_names(&a.tenant_headers) {

@@ -116,7 +116,10 @@ impl Default for CaptureOptions {
 }
 
 /// How socket reads and writes are hooked in the kernel.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
 pub enum DataHooks {
     /// `btf` where the kernel allows it, else `tracepoint`.
     Auto,

@@ -16,8 +16,6 @@
 //! the decoder hands over in [`Facts`] (header values only of headers the
 //! rules name, presence of the keys they name).
 
-use std::path::Path;
-
 use anyhow::{bail, Context, Result};
 
 /// The built-in types, in the order they are tried after the rules.
@@ -74,19 +72,18 @@ pub struct Rules {
 }
 
 impl Rules {
-    /// Reads the `[[request_type]]` tables of the TOML config file at
-    /// `path` (other keys are the command-line options; see
-    /// `pipeline::plan::merge_config_file`).
-    pub fn load(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read config file {}", path.display()))?;
-        Self::parse(&text).with_context(|| format!("config file {}", path.display()))
-    }
-
-    /// The rules of a config file's text.
+    /// The rules of a config file's text (the agent reads its file once,
+    /// `pipeline::config::ConfigFile`, and hands [`Rules::from_value`] the
+    /// table).
     pub fn parse(text: &str) -> Result<Self> {
         let table: toml::Table = toml::from_str(text).context("not valid TOML")?;
-        let Some(v) = table.get(CONFIG_KEY) else {
+        Self::from_value(table.get(CONFIG_KEY))
+    }
+
+    /// The rules of the config file's `[[request_type]]` value (none
+    /// without one).
+    pub fn from_value(v: Option<&toml::Value>) -> Result<Self> {
+        let Some(v) = v else {
             return Ok(Self::default());
         };
         let toml::Value::Array(items) = v else {
@@ -706,14 +703,11 @@ path = "/internal/"
     }
 
     #[test]
-    fn rules_load_from_a_file_and_name_it_in_errors() {
-        let dir = tempfile::tempdir().unwrap();
-        let f = dir.path().join("tokentap.toml");
-        std::fs::write(&f, CONFIG).unwrap();
-        assert_eq!(Rules::load(&f).unwrap().rules().len(), 4);
-        std::fs::write(&f, "[[request_type]]\nname = \"chat\"\npath = \"/\"\n").unwrap();
-        let err = format!("{:#}", Rules::load(&f).unwrap_err());
-        assert!(err.contains(&f.display().to_string()), "{err}");
+    fn a_bad_rule_is_named_by_its_number_and_name() {
+        let err = format!(
+            "{:#}",
+            Rules::parse("[[request_type]]\nname = \"chat\"\npath = \"/\"\n").unwrap_err()
+        );
         assert!(err.contains("rule #1 (\"chat\")"), "{err}");
     }
 

@@ -19,6 +19,7 @@
 //! the shutdown sequence. Must not: parse bytes (decode) or know a sink's
 //! format.
 
+pub mod config;
 pub mod enrich;
 pub mod healthz;
 pub mod plan;

@@ -1,25 +1,33 @@
 //! `tokentap run` options → a [`RunPlan`]: what to capture, which sinks to
 //! build and how. Everything that depends on the environment (a terminal on
-//! stdout, `OTEL_*` variables, a TOML config file) is decided here, once,
-//! by [`resolve`], so it is tested without starting anything.
+//! stdout, `OTEL_*` variables) is decided here, once, by [`resolve`], so it
+//! is tested without starting anything; the config file's options are
+//! merged into the flags before (`super::config`).
 //!
-//! Owns: the `run` flags (clap), their defaults, the config-file merge, and
-//! the resolution rules. Must not: start capture, open files or sockets.
+//! Owns: the `run` flags (clap and serde: one structure for the command
+//! line and the config file), their defaults and checks, and the
+//! resolution rules. Must not: start capture, open files or sockets.
 
 use std::{path::PathBuf, time::Duration};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use clap::Args;
+use serde::{Deserialize, Serialize};
 
 use crate::{
     capture::{CaptureOptions, DataHooks, DEFAULT_MAX_CONNS, DEFAULT_RING_BYTES},
+    identity::request_type::Rules,
     sinks::{
         console::ConsolePlan,
         otlp::{MetricsConfig, OtlpProtocol},
     },
 };
 
-#[derive(Args, Clone, Debug, Default)]
+/// `tokentap run`'s options: the command line (clap) and the config file's
+/// flat keys (serde, by the same long names: `tokentap run --help`) read
+/// into this one structure, with the same checks (`checked`).
+#[derive(Args, Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default, rename_all = "kebab-case")]
 pub struct RunFlags {
     /// Read options from a TOML file: keys are the long option names
     /// (`requests-log = "/var/log/tokentap.jsonl"`, `pid = [1234]`,
@@ -31,17 +39,20 @@ pub struct RunFlags {
     /// the timeline detectors' thresholds as an `[events]` table
     /// (`window_s`, `surge_factor`, …; docs/metrics.md, "Timeline events").
     #[arg(long, value_name = "FILE")]
+    #[serde(skip)]
     pub config: Option<PathBuf>,
     /// Capture this inference-server process and the processes it starts
     /// (repeatable). A launcher (shell wrapper, `uv run`, a supervisor)
     /// works: its children are followed.
     #[arg(long = "pid", value_name = "PID", value_parser = clap::value_parser!(u32).range(1..))]
+    #[serde(rename = "pid", deserialize_with = "checked::ids")]
     pub pids: Vec<u32>,
     /// Only server connections on this local port (repeatable). Without
     /// --pid, every process listening on it is captured, in any network
     /// namespace (containers, pods); when nothing listens yet, tokentap
     /// waits for it, and follows an engine that restarts on the port.
     #[arg(long = "port", value_name = "PORT", value_parser = clap::value_parser!(u16).range(1..))]
+    #[serde(rename = "port", deserialize_with = "checked::ids")]
     pub ports: Vec<u16>,
     /// Append one JSON object per finished request to PATH ("-" for
     /// stdout; the console then goes to stderr). No prompt or completion
@@ -68,13 +79,16 @@ pub struct RunFlags {
     pub no_console: bool,
     /// Sliding window of the console view, in seconds.
     #[arg(long, value_name = "SECS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    #[serde(deserialize_with = "checked::at_least_one")]
     pub console_window: u64,
     /// Seconds between console updates, at least 0.1 (default: 1 on a
     /// terminal, 10 as plain lines otherwise).
     #[arg(long, value_name = "SECS", value_parser = secs_at_least_tenth)]
+    #[serde(deserialize_with = "checked::some_interval")]
     pub console_interval: Option<f64>,
     /// Stop after this many seconds, ≥ 0 (default: until Ctrl-C / SIGTERM).
     #[arg(long, value_name = "SECS", value_parser = secs_at_least_zero)]
+    #[serde(deserialize_with = "checked::some_duration")]
     pub duration: Option<f64>,
     /// Export OTLP metrics to this collector (e.g. http://127.0.0.1:4317
     /// for gRPC, http://127.0.0.1:4318 for HTTP; https:// for TLS, checked
@@ -97,12 +111,14 @@ pub struct RunFlags {
     /// same key in OTEL_EXPORTER_OTLP_HEADERS (comma-separated pairs).
     /// Values are never printed.
     #[arg(long = "otlp-header", value_name = "KEY=VALUE")]
+    #[serde(rename = "otlp-header", deserialize_with = "checked::one_or_many")]
     pub otlp_headers: Vec<String>,
     /// OTLP transport: grpc or http/protobuf (default: OTEL_EXPORTER_OTLP_PROTOCOL, else grpc).
     #[arg(long, value_name = "PROTO")]
     pub otlp_protocol: Option<String>,
     /// Seconds between metric exports, at least 0.1.
     #[arg(long, value_name = "SECS", default_value_t = 10.0, value_parser = secs_at_least_tenth)]
+    #[serde(deserialize_with = "checked::interval")]
     pub export_interval: f64,
     /// Export base-2 exponential histograms instead of the semantic
     /// conventions' explicit buckets.
@@ -113,12 +129,14 @@ pub struct RunFlags {
     /// tokentap.metrics.attribute_overflow).
     #[arg(long, value_name = "N", default_value_t = 64,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    #[serde(deserialize_with = "checked::at_least_one")]
     pub max_models: usize,
     /// Take the request's tenant from this header (repeatable; the first
     /// one present wins; any case). Without one, or when none is present,
     /// the tenant is the OpenAI `user` field of the body. No other header
     /// value is kept.
     #[arg(long = "tenant-header", value_name = "NAME")]
+    #[serde(rename = "tenant-header", deserialize_with = "checked::one_or_many")]
     pub tenant_headers: Vec<String>,
     /// Distinct tenants, and separately distinct callers (peer IPs), used
     /// as metric attribute values; later ones are exported as "other"
@@ -126,6 +144,7 @@ pub struct RunFlags {
     /// keeps every value.
     #[arg(long, value_name = "N", default_value_t = 100,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    #[serde(deserialize_with = "checked::at_least_one")]
     pub max_tenants: usize,
     /// Key for `api_key_id` (HMAC-SHA256 of the request's API key; the key
     /// itself is never kept): the bytes of this file. Default: a random
@@ -144,6 +163,7 @@ pub struct RunFlags {
     /// Seconds between GPU samples, at least 0.1 (fractional; also the
     /// granularity of per-request GPU utilisation and energy).
     #[arg(long, value_name = "SECS", default_value_t = 1.0, value_parser = secs_at_least_tenth)]
+    #[serde(deserialize_with = "checked::interval")]
     pub gpu_interval: f64,
     /// The NVML library to load (default: the system's libnvidia-ml.so.1).
     #[arg(long, value_name = "PATH", env = "TOKENTAP_NVML_LIBRARY")]
@@ -169,6 +189,7 @@ pub struct RunFlags {
     #[arg(long, value_name = "HOST:PORT")]
     pub health_addr: Option<std::net::SocketAddr>,
     #[command(flatten)]
+    #[serde(flatten)]
     pub kernel: KernelFlags,
 }
 
@@ -204,28 +225,143 @@ fn ring_bytes(s: &str) -> Result<u32, String> {
     let n: u32 = s
         .parse()
         .map_err(|e| format!("{e} (want a number of bytes)"))?;
+    ring_bytes_ok(n)
+}
+
+fn ring_bytes_ok(n: u32) -> Result<u32, String> {
     if !n.is_power_of_two() || n < 4096 {
         return Err(format!("{n} is not a power of two of at least 4096"));
     }
     Ok(n)
 }
 
+/// The config file's checks of the values clap checks on the command line
+/// (the same bounds, the same functions where clap's are not built in).
+mod checked {
+    use serde::{
+        de::{Error, IntoDeserializer, SeqAccess, Visitor},
+        Deserialize, Deserializer,
+    };
+
+    /// One value, or a list of them (`pid = 1` and `pid = [1, 2]`); a
+    /// bad element is refused with the element type's own error.
+    pub fn one_or_many<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+        d: D,
+    ) -> Result<Vec<T>, D::Error> {
+        struct OneOrMany<T>(std::marker::PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> Visitor<'de> for OneOrMany<T> {
+            type Value = Vec<T>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a value or a list of values")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut a: A) -> Result<Vec<T>, A::Error> {
+                let mut v = Vec::new();
+                while let Some(x) = a.next_element()? {
+                    v.push(x);
+                }
+                Ok(v)
+            }
+            fn visit_i64<E: Error>(self, x: i64) -> Result<Vec<T>, E> {
+                T::deserialize(x.into_deserializer()).map(|x| vec![x])
+            }
+            fn visit_u64<E: Error>(self, x: u64) -> Result<Vec<T>, E> {
+                T::deserialize(x.into_deserializer()).map(|x| vec![x])
+            }
+            fn visit_f64<E: Error>(self, x: f64) -> Result<Vec<T>, E> {
+                T::deserialize(x.into_deserializer()).map(|x| vec![x])
+            }
+            fn visit_bool<E: Error>(self, x: bool) -> Result<Vec<T>, E> {
+                T::deserialize(x.into_deserializer()).map(|x| vec![x])
+            }
+            fn visit_str<E: Error>(self, x: &str) -> Result<Vec<T>, E> {
+                T::deserialize(x.into_deserializer()).map(|x| vec![x])
+            }
+        }
+        d.deserialize_any(OneOrMany(std::marker::PhantomData))
+    }
+
+    /// Process ids and ports: one or many, each at least 1.
+    pub fn ids<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
+    where
+        D: Deserializer<'de>,
+        T: Deserialize<'de> + PartialOrd + From<u8> + std::fmt::Display,
+    {
+        let v: Vec<T> = one_or_many(d)?;
+        match v.iter().find(|x| **x < T::from(1)) {
+            Some(x) => Err(D::Error::custom(format!(
+                "{x} is not in 1..: want at least 1"
+            ))),
+            None => Ok(v),
+        }
+    }
+
+    pub fn at_least_one<'de, D, T>(d: D) -> Result<T, D::Error>
+    where
+        D: Deserializer<'de>,
+        T: Deserialize<'de> + PartialOrd + From<u8> + std::fmt::Display,
+    {
+        let v = T::deserialize(d)?;
+        if v < T::from(1) {
+            return Err(D::Error::custom(format!(
+                "{v} is not in 1..: want at least 1"
+            )));
+        }
+        Ok(v)
+    }
+
+    fn secs<'de, D: Deserializer<'de>>(d: D, min: f64) -> Result<f64, D::Error> {
+        let v = f64::deserialize(d)?;
+        super::secs_at_least(&v.to_string(), min).map_err(D::Error::custom)
+    }
+
+    pub fn interval<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+        secs(d, 0.1)
+    }
+
+    pub fn some_interval<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
+        secs(d, 0.1).map(Some)
+    }
+
+    pub fn some_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
+        secs(d, 0.0).map(Some)
+    }
+
+    pub fn ring_bytes<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+        super::ring_bytes_ok(u32::deserialize(d)?).map_err(D::Error::custom)
+    }
+
+    pub fn max_call_bytes<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+        let v = u32::deserialize(d)?;
+        if v < 1 || i64::from(v) > super::MAX_CALL_BYTES_CAP {
+            return Err(D::Error::custom(format!(
+                "{v} is not in 1..={}",
+                super::MAX_CALL_BYTES_CAP
+            )));
+        }
+        Ok(v)
+    }
+}
+
 /// Kernel-side capture settings (shared by `run` and `capture`).
-#[derive(Args, Clone, Debug)]
+#[derive(Args, Clone, Debug, Serialize, Deserialize)]
+#[serde(default, rename_all = "kebab-case")]
 pub struct KernelFlags {
     /// Ring buffer between kernel and agent, in bytes (a power of two,
     /// ≥ 4096). When it is full the kernel drops records and counts them;
     /// traced processes never wait.
     #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_RING_BYTES, value_parser = ring_bytes)]
+    #[serde(deserialize_with = "checked::ring_bytes")]
     pub ring_buffer_bytes: u32,
     /// Payload bytes captured per syscall at most (the rest is counted in
     /// the event's `ret`, not captured); 1 to 1048576 (1 MiB).
     #[arg(long, value_name = "BYTES", default_value_t = agent_ebpf::DEFAULT_MAX_CALL_BYTES,
           value_parser = clap::value_parser!(u32).range(1..=MAX_CALL_BYTES_CAP))]
+    #[serde(deserialize_with = "checked::max_call_bytes")]
     pub max_call_bytes: u32,
     /// Connections tracked at once at most (≥ 1; each costs the kernel a
     /// few bytes of map space).
     #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_CONNS, value_parser = clap::value_parser!(u32).range(1..))]
+    #[serde(deserialize_with = "checked::at_least_one")]
     pub max_conns: u32,
     /// Do not timestamp request arrival in the kernel's TCP receive path
     /// (`tcp:tcp_probe`): t0 is then the engine's first read of a request,
@@ -248,6 +384,7 @@ pub struct KernelFlags {
     /// `bench-reference` feature); the shipped binary has no such flag.
     #[cfg(feature = "bench-reference")]
     #[arg(long, hide = true)]
+    #[serde(skip)]
     pub capture_reference: bool,
 }
 
@@ -314,6 +451,10 @@ pub struct RunPlan {
     /// export to carry the values).
     pub engine_metrics: Option<Duration>,
     pub identity: IdentityPlan,
+    /// The config file's `[[request_type]]` rules (none without a file).
+    pub request_types: Rules,
+    /// The config file's `[events]` thresholds (the defaults without one).
+    pub events: crate::timeline::Config,
     /// `--kube-metadata`: this node's name.
     pub kube_node: Option<String>,
     pub health_addr: Option<std::net::SocketAddr>,
@@ -326,8 +467,6 @@ pub struct IdentityPlan {
     /// Tenant header names, lowercase, in order.
     pub tenant_headers: Vec<String>,
     pub api_key_salt_file: Option<PathBuf>,
-    /// The config file whose `[[request_type]]` rules apply.
-    pub rules_file: Option<PathBuf>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -496,12 +635,13 @@ pub fn resolve(f: &RunFlags, env: &dyn Env) -> Result<RunPlan> {
     let identity = IdentityPlan {
         tenant_headers,
         api_key_salt_file: f.api_key_salt_file.clone(),
-        rules_file: f.config.clone(),
     };
     Ok(RunPlan {
         kube_node,
         health_addr: f.health_addr,
         identity,
+        request_types: Rules::default(),
+        events: crate::timeline::Config::default(),
         gpu,
         engine_metrics,
         targeting,
@@ -514,126 +654,6 @@ pub fn resolve(f: &RunFlags, env: &dyn Env) -> Result<RunPlan> {
         metrics,
         duration,
     })
-}
-
-/// A TOML value as it was written (strings quoted).
-fn toml_text(v: &toml::Value) -> String {
-    match v {
-        toml::Value::String(s) => format!("{s:?}"),
-        toml::Value::Array(a) => format!(
-            "[{}]",
-            a.iter().map(toml_text).collect::<Vec<_>>().join(", ")
-        ),
-        toml::Value::Integer(i) => i.to_string(),
-        toml::Value::Float(f) => f.to_string(),
-        toml::Value::Boolean(b) => b.to_string(),
-        other => format!("{other:?}"),
-    }
-}
-
-/// One config-file option parsed on its own (the config file's check).
-#[derive(clap::Parser)]
-#[command(no_binary_name = true)]
-struct OneRunOption {
-    #[command(flatten)]
-    _flags: RunFlags,
-}
-
-/// `tokentap run --config FILE …`: the file's options, as command-line
-/// arguments placed right after `run` (so the user's own arguments, which
-/// come later, win). `run_args` names the long options `run` accepts.
-pub fn merge_config_file(args: &[String], run_args: &[String]) -> Result<Vec<String>> {
-    let Some(run_at) = args.iter().position(|a| a == "run") else {
-        return Ok(args.to_vec());
-    };
-    let path = args.iter().enumerate().skip(run_at).find_map(|(i, a)| {
-        a.strip_prefix("--config=").map(str::to_string).or_else(|| {
-            (a == "--config")
-                .then(|| args.get(i + 1).cloned())
-                .flatten()
-        })
-    });
-    let Some(path) = path else {
-        return Ok(args.to_vec());
-    };
-    let text = std::fs::read_to_string(&path)
-        .with_context(|| format!("cannot read config file {path}"))?;
-    let table: toml::Table =
-        toml::from_str(&text).with_context(|| format!("config file {path} is not valid TOML"))?;
-    let mut extra = vec![];
-    for (key, value) in table {
-        // Request-type rules are read by `identity::request_type::Rules`.
-        if key == crate::identity::request_type::CONFIG_KEY
-            || key == crate::timeline::config::CONFIG_KEY
-        {
-            continue;
-        }
-        let name = key.replace('_', "-");
-        if name == "config" || name == "help" || !run_args.contains(&name) {
-            bail!("config file {path}: unknown option `{key}` (the keys are `tokentap run` long option names, see `tokentap run --help`)");
-        }
-        let flag = format!("--{name}");
-        let scalar = |v: &toml::Value| -> Result<String> {
-            Ok(match v {
-                toml::Value::String(s) => s.clone(),
-                toml::Value::Integer(i) => i.to_string(),
-                toml::Value::Float(f) => f.to_string(),
-                other => bail!(
-                    "config file {path}: `{key}` has a value of a type an option cannot take ({}); want a string, number, boolean or a list of them",
-                    other.type_str()
-                ),
-            })
-        };
-        let mut mine = vec![];
-        match &value {
-            toml::Value::Boolean(true) => mine.push(flag),
-            toml::Value::Boolean(false) => {}
-            toml::Value::Array(items) => {
-                for it in items {
-                    mine.push(flag.clone());
-                    mine.push(scalar(it)?);
-                }
-            }
-            v => {
-                mine.push(flag);
-                mine.push(scalar(v)?);
-            }
-        }
-        // Checked here, alone, so that a bad value is named by the file
-        // and key it came from, not as a command-line flag.
-        if let Err(e) = <OneRunOption as clap::Parser>::try_parse_from(&mine) {
-            let reason = std::error::Error::source(&e)
-                .map(|s| s.to_string())
-                .unwrap_or_else(|| {
-                    e.to_string()
-                        .lines()
-                        .next()
-                        .unwrap_or_default()
-                        .trim_start_matches("error: ")
-                        .to_string()
-                });
-            // Header values carry credentials: never echoed.
-            let shown = if name == "otlp-header" {
-                "…".to_string()
-            } else {
-                toml_text(&value)
-            };
-            bail!("config file {path}: `{key} = {shown}`: {reason}");
-        }
-        extra.extend(mine);
-    }
-    let mut out = args[..=run_at].to_vec();
-    out.extend(extra);
-    out.extend_from_slice(&args[run_at + 1..]);
-    Ok(out)
-}
-
-/// The long option names of `run`.
-pub fn run_option_names() -> Vec<String> {
-    let cmd = RunFlags::augment_args(clap::Command::new("run"));
-    cmd.get_arguments()
-        .filter_map(|a| a.get_long().map(str::to_string))
-        .collect()
 }
 
 #[cfg(test)]
@@ -732,81 +752,6 @@ mod tests {
             (f.ports[0], f.kernel.max_call_bytes, f.kernel.max_conns),
             (65535, 1 << 20, 1)
         );
-    }
-
-    #[test]
-    fn config_file_options_come_before_the_command_line_so_it_wins() {
-        let dir = std::env::temp_dir().join(format!("tokentap-config-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let f = dir.join("c.toml");
-        std::fs::write(&f, "pid = [1, 2]\nno-console = true\nexport_interval = 2.5\nexponential-histograms = false\n").unwrap();
-        let args: Vec<String> = [
-            "tokentap",
-            "run",
-            "--config",
-            f.to_str().unwrap(),
-            "--export-interval",
-            "3",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        let out = merge_config_file(&args, &run_option_names()).unwrap();
-        let Sub::Run(r) = Cli::try_parse_from(&out).unwrap().cmd;
-        assert_eq!(r.pids, vec![1, 2]);
-        assert!(r.no_console);
-        assert!(!r.exponential_histograms);
-        assert_eq!(r.export_interval, 3.0);
-        std::fs::write(&f, "nope = 1\n").unwrap();
-        let err = merge_config_file(&args, &run_option_names()).unwrap_err();
-        assert!(format!("{err:#}").contains("unknown option `nope`"));
-        // A wrongly typed or out-of-range value: named by file and key.
-        for (text, says) in [
-            ("max-tenants = 0\n", "`max-tenants = 0`"),
-            (
-                "export-interval = \"soon\"\n",
-                "`export-interval = \"soon\"`",
-            ),
-            ("pid = [\"abc\"]\n", "`pid = [\"abc\"]`"),
-            ("ring-buffer-bytes = 5000\n", "not a power of two"),
-        ] {
-            std::fs::write(&f, text).unwrap();
-            let err = format!(
-                "{:#}",
-                merge_config_file(&args, &run_option_names()).unwrap_err()
-            );
-            assert!(
-                err.starts_with(&format!("config file {}: ", f.display())) && err.contains(says),
-                "{text}: {err}"
-            );
-        }
-    }
-
-    #[test]
-    fn request_type_tables_are_rules_not_flags_and_unknown_keys_still_fail() {
-        let dir = tempfile::tempdir().unwrap();
-        let f = dir.path().join("c.toml");
-        std::fs::write(
-            &f,
-            "no-console = true\ntenant-header = [\"X-Tenant-ID\", \"X-Org\"]\nmax-tenants = 7\n\n[[request_type]]\nname = \"rag\"\njson_field = \"documents\"\n",
-        )
-        .unwrap();
-        let args: Vec<String> = ["tokentap", "run", "--config", f.to_str().unwrap()]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-        let out = merge_config_file(&args, &run_option_names()).unwrap();
-        assert!(!out.iter().any(|a| a.contains("request")), "{out:?}");
-        let Sub::Run(r) = Cli::try_parse_from(&out).unwrap().cmd;
-        let p = resolve(&r, &env(&[], false)).unwrap();
-        assert_eq!(p.identity.tenant_headers, vec!["x-tenant-id", "x-org"]);
-        assert_eq!(p.identity.rules_file.as_deref(), Some(f.as_path()));
-        assert_eq!(r.max_tenants, 7);
-        let rules = crate::identity::request_type::Rules::load(&f).unwrap();
-        assert_eq!(rules.rules()[0].name, "rag");
-        std::fs::write(&f, "request-typo = 1\n").unwrap();
-        let err = merge_config_file(&args, &run_option_names()).unwrap_err();
-        assert!(format!("{err:#}").contains("unknown option `request-typo`"));
     }
 
     #[test]

@@ -63,14 +63,9 @@ pub async fn deadline(d: Option<Duration>) {
     }
 }
 
-/// Reads what tenants, API-key ids and request types need. Runs before
-/// anything starts: an invalid request-type rule or an unreadable salt
-/// file stops the agent here, naming the rule or file.
-pub fn identity(plan: &IdentityPlan, install_key: &Path) -> Result<IdentityConfig> {
-    let rules = match &plan.rules_file {
-        Some(p) => Rules::load(p)?,
-        None => Rules::default(),
-    };
+/// Reads what tenants and API-key ids need. Runs before anything starts:
+/// an unreadable salt file stops the agent here, naming the file.
+pub fn identity(plan: &IdentityPlan, rules: Rules, install_key: &Path) -> Result<IdentityConfig> {
     let (key, origin) = load_key(plan.api_key_salt_file.as_deref(), install_key)?;
     if let Some(n) = origin.notice() {
         eprintln!("{n}");
@@ -90,11 +85,12 @@ pub async fn run(plan: RunPlan) -> Result<()> {
     if plan.health_addr.is_none() {
         crate::capture::check_privileges()?;
     }
-    let id = identity(&plan.identity, Path::new(INSTALL_KEY_PATH))?;
-    let mut events_cfg = match &plan.identity.rules_file {
-        Some(p) => crate::timeline::Config::load(p)?,
-        None => crate::timeline::Config::default(),
-    };
+    let id = identity(
+        &plan.identity,
+        plan.request_types.clone(),
+        Path::new(INSTALL_KEY_PATH),
+    )?;
+    let mut events_cfg = plan.events.clone();
     // The callers with events of their own are those the metrics name.
     events_cfg.named_callers = plan.max_tenants;
     let health = Arc::new(Health::default());
@@ -339,7 +335,10 @@ pub async fn replay(file: &Path, plan: &ReplayPlan) -> Result<()> {
     )?;
     let hasher = Some(ApiKeyHasher::new(&key)?);
     let (rules, events_cfg) = match &plan.config {
-        Some(p) => (Rules::load(p)?, crate::timeline::Config::load(p)?),
+        Some(p) => {
+            let c = super::config::ConfigFile::load(p)?;
+            (c.request_types, c.events)
+        }
         None => (Rules::default(), crate::timeline::Config::default()),
     };
     let id = IdentityConfig::new(CallerConfig::new(&plan.tenant_headers, hasher), rules);

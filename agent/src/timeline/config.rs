@@ -2,8 +2,6 @@
 //! (`tokentap run --config FILE`). Every key is optional; an unknown key or
 //! a value out of range stops the agent at start, naming it.
 
-use std::path::Path;
-
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 
@@ -114,20 +112,20 @@ impl Default for Config {
 }
 
 impl Config {
-    /// The `[events]` table of a config file (defaults without one).
-    pub fn load(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read config file {}", path.display()))?;
-        Self::parse(&text).with_context(|| format!("config file {}", path.display()))
+    /// The `[events]` table of a config file's text (defaults without
+    /// one; the agent reads its file once, `pipeline::config::ConfigFile`,
+    /// and hands [`Config::from_value`] the table).
+    pub fn parse(text: &str) -> Result<Self> {
+        let mut table: toml::Table = toml::from_str(text).context("not valid TOML")?;
+        Self::from_value(table.remove(CONFIG_KEY))
     }
 
-    pub fn parse(text: &str) -> Result<Self> {
-        let table: toml::Table = toml::from_str(text).context("not valid TOML")?;
-        let Some(v) = table.get(CONFIG_KEY) else {
+    /// The config file's `[events]` value (defaults without one).
+    pub fn from_value(v: Option<toml::Value>) -> Result<Self> {
+        let Some(v) = v else {
             return Ok(Self::default());
         };
         let cfg: Config = v
-            .clone()
             .try_into()
             .map_err(|e| anyhow::anyhow!("[{CONFIG_KEY}]: {e}"))?;
         cfg.check()?;
