@@ -7,17 +7,22 @@
 //! Owns: these instruments' names, units and attributes. Must not: block
 //! (callbacks read the shared view under a short lock).
 
-use std::{
-    collections::HashMap,
-    sync::{Arc, Mutex},
-};
+use std::collections::HashMap;
 
 use opentelemetry::{metrics::Meter, KeyValue};
 
 use super::stage::SharedView;
+use crate::stage::{EngineNames, InstrumentSet};
 
-/// Engine pid → (engine name, model) as the records said, for attributes.
-pub type EngineNames = Arc<Mutex<HashMap<u32, (String, String)>>>;
+/// The engine ↔ GPU instruments, from the GPU join's shared view.
+pub struct EngineGpuInstruments(pub SharedView);
+
+impl InstrumentSet for EngineGpuInstruments {
+    fn register(&self, meter: &Meter, engines: &EngineNames) -> Box<dyn std::any::Any + Send> {
+        register(meter, self.0.clone(), engines.clone());
+        Box::new(())
+    }
+}
 
 fn engine_attrs(names: &HashMap<u32, (String, String)>, pid: u32) -> Vec<KeyValue> {
     let (engine, _) = names

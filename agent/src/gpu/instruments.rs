@@ -102,6 +102,19 @@ pub fn device_attributes(d: &DeviceSample) -> Vec<KeyValue> {
     a
 }
 
+/// The device-level instruments, from the sampler's latest samples.
+pub struct DeviceInstruments(pub SharedGpu);
+
+impl crate::stage::InstrumentSet for DeviceInstruments {
+    fn register(
+        &self,
+        meter: &Meter,
+        _engines: &crate::stage::EngineNames,
+    ) -> Box<dyn std::any::Any + Send> {
+        Box::new(register(meter, self.0.clone()))
+    }
+}
+
 /// The registered instruments; keep it alive as long as the meter.
 pub struct GpuInstruments {
     _gauges_f64: Vec<ObservableGauge<f64>>,

@@ -30,11 +30,7 @@ use crate::{
         request_type::Rules,
     },
     kubemeta::{KubeMeta, KubePods},
-    sinks::{
-        console::ConsoleSink,
-        otlp::{Extras, Metrics},
-        requests_log::RequestLog,
-    },
+    sinks::{console::ConsoleSink, otlp::Metrics, requests_log::RequestLog},
     source::EventSource,
     stage::{health::Health, Task, TaskCx},
 };
@@ -122,7 +118,7 @@ pub async fn run(plan: RunPlan) -> Result<()> {
     if let Some(c) = &plan.console {
         pipe = pipe.sink(Box::new(ConsoleSink::new(c.clone())));
     }
-    let mut extras = Extras::default();
+    let mut instruments: Vec<Box<dyn crate::stage::InstrumentSet>> = Vec::new();
     let mut side_tasks: Vec<Box<dyn Task>> = Vec::new();
     if let Some(every) = plan.engine_metrics {
         // The scrapes reach the engines' sockets, which are captured: they
@@ -137,7 +133,9 @@ pub async fn run(plan: RunPlan) -> Result<()> {
             Targeting::Discover => vec![],
         };
         let task = EngineMetricsTask::new(handle, ports, states.clone(), health.clone());
-        extras.engines = Some(states);
+        instruments.push(Box::new(
+            crate::enginemetrics::instruments::EngineStateInstruments(states),
+        ));
         side_tasks.push(Box::new(task));
     }
     // NVML starts once every sink is built (below), so what it says about
@@ -148,12 +146,16 @@ pub async fn run(plan: RunPlan) -> Result<()> {
         let devices = SharedGpu::default();
         let view = SharedView::default();
         pipe = pipe.gpu(GpuStage::new(view.clone()));
-        extras.gpu = Some(view);
-        extras.gpu_devices = Some(devices.clone());
+        instruments.push(Box::new(
+            crate::gpu::engine_instruments::EngineGpuInstruments(view),
+        ));
+        instruments.push(Box::new(crate::gpu::instruments::DeviceInstruments(
+            devices.clone(),
+        )));
         gpu_devices = Some(devices);
     }
     if let Some(m) = &plan.metrics {
-        pipe = pipe.sink(Box::new(Metrics::new(m, health.clone(), extras)?));
+        pipe = pipe.sink(Box::new(Metrics::new(m, health.clone(), instruments)?));
     }
 
     let end = deadline(plan.duration);

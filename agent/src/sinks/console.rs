@@ -216,7 +216,7 @@ pub struct ConsoleSink {
 const EVENTS_SHOWN: usize = 6;
 
 /// One event as a console line: time, kind, message.
-pub fn event_line(e: &crate::timeline::Event) -> String {
+pub fn event_line(e: &crate::stage::events::Event) -> String {
     let time = e.ts.get(11..19).unwrap_or(&e.ts);
     format!("{time}  {:<22} {}", e.kind, e.message)
 }
@@ -267,7 +267,7 @@ impl Sink for ConsoleSink {
         Ok(())
     }
 
-    fn event(&mut self, e: &crate::timeline::Event) -> anyhow::Result<()> {
+    fn event(&mut self, e: &crate::stage::events::Event) -> anyhow::Result<()> {
         let line = event_line(e);
         if self.plan.table {
             if self.events.len() == EVENTS_SHOWN {

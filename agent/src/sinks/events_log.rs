@@ -9,8 +9,8 @@ use anyhow::Result;
 
 use crate::{
     record::Finished,
+    stage::events::Event,
     stage::{Sink, Tick},
-    timeline::Event,
 };
 
 pub struct EventLog {

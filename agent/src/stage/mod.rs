@@ -104,6 +104,23 @@ pub struct ProcessInfo {
     pub model: Option<String>,
 }
 
+/// Engine pid → (`gen_ai.provider.name`, model) as the OTLP sink's records
+/// named them: what feature instruments attribute their values with.
+pub type EngineNames = std::sync::Arc<std::sync::Mutex<HashMap<u32, (String, String)>>>;
+
+/// OTLP instruments a feature contributes beside the request instruments
+/// (GPU devices, the engine ↔ GPU map, engines' own metrics). The OTLP
+/// sink registers every set on its meter and keeps what `register` returns
+/// for as long as the meter lives, knowing nothing of the feature.
+pub trait InstrumentSet: Send {
+    /// Registers this set's (observable) instruments on `meter`.
+    fn register(
+        &self,
+        meter: &opentelemetry::metrics::Meter,
+        engines: &EngineNames,
+    ) -> Box<dyn std::any::Any + Send>;
+}
+
 /// Periodic work beside the data path (finding engines, sampling GPUs).
 pub trait Task {
     /// Runs once per pipeline tick, and as soon as process events arrive

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 
 use super::{kind, round4, Config, Event};
 use crate::{
-    gpu::types::{DeviceSample, GpuSample},
+    stage::gpu::{DeviceSample, GpuSample},
     stage::NodeState,
 };
 
@@ -172,7 +172,7 @@ impl Gpus {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gpu::types::GpuProcess;
+    use crate::stage::gpu::GpuProcess;
     use crate::stage::ProcessInfo;
 
     fn sample(t: u64, reasons: &[&str], used_gib: u64) -> GpuSample {

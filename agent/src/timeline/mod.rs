@@ -37,7 +37,7 @@ use std::collections::BTreeMap;
 use serde_json::{Map, Value};
 
 pub use self::config::Config;
-use crate::{gpu::types::GpuSample, record::Finished, stage::NodeState};
+use crate::{record::Finished, stage::gpu::GpuSample, stage::NodeState};
 
 pub use crate::stage::events::{kind, Attr, Event};
 

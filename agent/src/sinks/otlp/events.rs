@@ -26,8 +26,8 @@ use opentelemetry_sdk::{
 };
 use serde_json::Value;
 
+use crate::stage::events::Event;
 use crate::stage::health::Health;
-use crate::timeline::Event;
 
 /// The log exporter, with failures counted in `tokentap.export.failures`
 /// and said once per outage (a Collector without a `logs` pipeline

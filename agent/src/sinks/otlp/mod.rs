@@ -98,18 +98,6 @@ pub struct MetricsConfig {
     pub max_tenants: usize,
 }
 
-/// State beside the request records that the metrics sink exports, when
-/// the pipeline has it.
-#[derive(Clone, Default)]
-pub struct Extras {
-    /// GPU samples, the engine ↔ GPU map, energy (GPU sampling on).
-    pub gpu: Option<crate::gpu::stage::SharedView>,
-    /// The latest sample per device, for the `hw.*` instruments.
-    pub gpu_devices: Option<crate::gpu::instruments::SharedGpu>,
-    /// Engines' own scraped metrics (engine-metrics scrape on).
-    pub engines: Option<crate::enginemetrics::task::SharedEngineStates>,
-}
-
 /// Wraps the OTLP exporter to count failures and report them once per
 /// export interval (never per record), and to say when exports recover.
 struct Counted<E> {
@@ -288,8 +276,9 @@ pub struct Metrics {
     containers: HashMap<String, (SdkMeterProvider, RequestInstruments)>,
     attrs: AttributeMap,
     /// Engine pid → (engine, model) from records, for GPU instruments.
-    engine_names: crate::gpu::engine_instruments::EngineNames,
-    _gpu_instruments: Option<crate::gpu::instruments::GpuInstruments>,
+    engine_names: crate::stage::EngineNames,
+    /// What the features' instrument sets returned: alive with the meter.
+    _feature_instruments: Vec<Box<dyn std::any::Any + Send>>,
     /// `tokentap.events`: timeline events by kind and subject.
     events: Counter<u64>,
     /// The events as OTLP log records.
@@ -606,7 +595,13 @@ pub(crate) fn agent_resource(extra: &[KeyValue]) -> Resource {
 
 impl Metrics {
     /// Builds the exporter and instruments. Needs a tokio runtime for gRPC.
-    pub fn new(cfg: &MetricsConfig, health: Arc<Health>, extras: Extras) -> Result<Self> {
+    /// The sink, with the features' instrument sets registered on its
+    /// meter.
+    pub fn new(
+        cfg: &MetricsConfig,
+        health: Arc<Health>,
+        instruments: Vec<Box<dyn crate::stage::InstrumentSet>>,
+    ) -> Result<Self> {
         if let Some(e) = &cfg.endpoint {
             if !(e.starts_with("http://") || e.starts_with("https://")) {
                 bail!("--otlp-endpoint must be an http:// or https:// URL, got {e:?}");
@@ -711,16 +706,11 @@ impl Metrics {
             .with_description("Requests received and not yet answered (concurrency)")
             .with_callback(move |o| o.observe(hi.in_flight.load(Ordering::Relaxed), &[]))
             .build();
-        let engine_names = crate::gpu::engine_instruments::EngineNames::default();
-        if let Some(view) = extras.gpu {
-            crate::gpu::engine_instruments::register(&meter, view, engine_names.clone());
-        }
-        if let Some(states) = extras.engines {
-            register_engine_states(&meter, states);
-        }
-        let gpu_instruments = extras
-            .gpu_devices
-            .map(|d| crate::gpu::instruments::register(&meter, d));
+        let engine_names = crate::stage::EngineNames::default();
+        let feature_instruments = instruments
+            .iter()
+            .map(|set| set.register(&meter, &engine_names))
+            .collect();
         let events = meter
             .u64_counter("tokentap.events")
             .with_unit("{event}")
@@ -750,7 +740,7 @@ impl Metrics {
         Ok(Self {
             events,
             event_export,
-            _gpu_instruments: gpu_instruments,
+            _feature_instruments: feature_instruments,
             engine_names,
             provider,
             requests,
@@ -854,7 +844,7 @@ impl Metrics {
     /// One timeline event: counted (`tokentap.events`, with the kind and
     /// the tenant, caller and model version it names, each capped like the
     /// request attributes) and exported as a log record.
-    pub fn event(&mut self, e: &crate::timeline::Event) {
+    pub fn event(&mut self, e: &crate::stage::events::Event) {
         let s = |k: &str| e.attr(k).and_then(|v| v.as_str()).map(str::to_string);
         let mut attrs = vec![KeyValue::new("tokentap.event.kind", e.kind)];
         if let Some(t) = s("tokentap.tenant") {
@@ -890,58 +880,6 @@ impl Metrics {
     }
 }
 
-/// `tokentap.engine.*`: what engines report about themselves on their
-/// own /metrics (KV-cache use, queued and running requests), per engine.
-fn register_engine_states(
-    meter: &opentelemetry::metrics::Meter,
-    states: crate::enginemetrics::task::SharedEngineStates,
-) {
-    type Pick = fn(&crate::enginemetrics::EngineState) -> Option<f64>;
-    let gauges: [(&'static str, &'static str, &'static str, Pick); 3] = [
-        (
-            "tokentap.engine.kv_cache.usage",
-            "1",
-            "KV-cache use the engine reports (fraction 0-1)",
-            |s| s.kv_cache_usage,
-        ),
-        (
-            "tokentap.engine.requests.waiting",
-            "{request}",
-            "Requests queued in the engine, as it reports them",
-            |s| s.requests_waiting,
-        ),
-        (
-            "tokentap.engine.requests.running",
-            "{request}",
-            "Requests the engine is running, as it reports them",
-            |s| s.requests_running,
-        ),
-    ];
-    for (name, unit, desc, pick) in gauges {
-        let st = states.clone();
-        let _ = meter
-            .f64_observable_gauge(name)
-            .with_unit(unit)
-            .with_description(desc)
-            .with_callback(move |o| {
-                let st = st.lock().unwrap_or_else(|p| p.into_inner());
-                for (pid, (engine, port, s)) in st.iter() {
-                    if let Some(v) = pick(s) {
-                        o.observe(
-                            v,
-                            &[
-                                KeyValue::new("gen_ai.provider.name", engine.clone()),
-                                KeyValue::new("tokentap.engine.pid", *pid as i64),
-                                KeyValue::new("server.port", *port as i64),
-                            ],
-                        );
-                    }
-                }
-            })
-            .build();
-    }
-}
-
 impl Sink for Metrics {
     fn record(&mut self, f: &Finished) -> Result<()> {
         Metrics::record(self, f);
@@ -953,7 +891,7 @@ impl Sink for Metrics {
         Ok(())
     }
 
-    fn event(&mut self, e: &crate::timeline::Event) -> Result<()> {
+    fn event(&mut self, e: &crate::stage::events::Event) -> Result<()> {
         Metrics::event(self, e);
         Ok(())
     }
