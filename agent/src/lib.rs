@@ -9,13 +9,12 @@
 pub mod capfile;
 pub mod capture;
 pub mod decode;
-pub mod discover;
 pub mod enginemetrics;
 pub mod engines;
 pub mod event;
 pub mod gpu;
+pub mod host;
 pub mod identity;
-pub mod kubemeta;
 pub mod pipeline;
 pub mod record;
 pub mod selftraffic;

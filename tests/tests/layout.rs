@@ -16,15 +16,16 @@ const FLOORS: &[&[&str]] = &[
     // The engine catalogue (data about each engine) is here too.
     &["vocab", "event", "record", "selftraffic", "engines"],
     // Sources of facts: the kernel capture, capture files, identity rules.
-    &["capture", "capfile", "identity"],
+    // Host facts: /proc, engine discovery, the Kubernetes API's pods.
+    &["capture", "capfile", "identity", "host"],
     // Turning facts into records and events.
-    &["decode", "source", "discover"],
+    &["decode", "source"],
     // The stage contracts every feature implements or reads: Sink, Task,
     // Enricher, NodeState, Health, the timeline event, the GPU sample.
     &["stage"],
     // Features: GPU join and sampling, engines' own metrics, pod names,
     // timeline detectors.
-    &["gpu", "enginemetrics", "kubemeta", "timeline"],
+    &["gpu", "enginemetrics", "timeline"],
     // Outputs.
     &["sinks"],
     // The pipeline, the plan and the drivers.
@@ -35,7 +36,7 @@ const FLOORS: &[&[&str]] = &[
 /// features see each other, and the sinks see the features, only through
 /// the stage contracts (a feature hands the OTLP sink its instruments as a
 /// `stage::InstrumentSet`).
-const APART: &[&str] = &["gpu", "enginemetrics", "kubemeta", "timeline", "sinks"];
+const APART: &[&str] = &["gpu", "enginemetrics", "timeline", "sinks"];
 
 /// Upward imports not yet removed: (room, room it imports, why).
 const KNOWN_UPWARD: &[(&str, &str, &str)] = &[];

@@ -14,12 +14,11 @@ use agent_ebpf::{
     conn_key, ConnState, RecordHeader, Syscall, AF_INET, AF_INET6, ROLE_CLIENT, ROLE_SERVER,
 };
 
-use super::{
-    clock,
-    procfs::{self, FdKind, TcpEntry},
-    State, BPF_NOEXIST,
+use super::{clock, State, BPF_NOEXIST};
+use crate::{
+    event::{OpenEvent, Role, SocketEvent},
+    host::procfs::{self, FdKind, TcpEntry},
 };
-use crate::event::{OpenEvent, Role, SocketEvent};
 
 pub(super) fn peer_from_header(h: &RecordHeader) -> Option<SocketAddr> {
     let ip = match h.family {

@@ -12,7 +12,6 @@ pub mod clock;
 mod conns;
 pub mod kernel_log;
 pub mod probes;
-pub mod procfs;
 pub mod programs;
 pub mod reassemble;
 mod records;
@@ -41,12 +40,13 @@ use aya::{
 };
 use tokio::io::unix::AsyncFd;
 
-use self::{clock::ClockOffset, procfs::TcpEntry, reassemble::Reassembler, sockfd::SockFds};
+use self::{clock::ClockOffset, reassemble::Reassembler, sockfd::SockFds};
 pub use self::{
     programs::{ensure_tracefs, OBJECT_ENV, TRACEFS},
     records::{ProcEvent, PROC_EVENTS_CAP},
 };
 use crate::event::{OpenEvent, SocketEvent};
+use crate::host::procfs::{self, TcpEntry};
 
 /// How often the ring buffer is drained when the kernel has not woken us.
 pub const POLL_INTERVAL: std::time::Duration = std::time::Duration::from_millis(10);

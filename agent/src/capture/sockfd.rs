@@ -14,7 +14,7 @@ use std::{
     os::fd::{AsRawFd, FromRawFd, OwnedFd},
 };
 
-use super::procfs::FdKind;
+use crate::host::procfs::FdKind;
 
 #[derive(Default)]
 pub struct SockFds {

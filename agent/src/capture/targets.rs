@@ -11,7 +11,8 @@
 use agent_ebpf::target_slot;
 use anyhow::{Context, Result};
 
-use super::{procfs, State};
+use super::State;
+use crate::host::procfs;
 
 impl State {
     /// Puts `pid` and its living descendants in TARGETS; returns those

@@ -35,8 +35,8 @@ use std::{
 
 use super::{engine_state, prom, EngineState};
 use crate::{
-    capture::procfs,
     engines::Engine,
+    host::procfs,
     selftraffic::{self, Marker},
 };
 

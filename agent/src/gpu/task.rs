@@ -17,7 +17,7 @@ use super::{
     types::GpuSample,
 };
 use crate::{
-    capture::procfs,
+    host::procfs,
     stage::{Task, TaskCx},
 };
 

@@ -277,7 +277,7 @@ pub fn override_in_environ(environ: &[u8]) -> Option<String> {
 }
 
 /// The model version of process `pid` running `engine` (as
-/// [`crate::discover`] named it), read under `proc_root` (`/proc`, or a
+/// [`crate::host::discover`] named it), read under `proc_root` (`/proc`, or a
 /// fake tree in tests). None when the engine is not known and the
 /// environment sets no override, or the process is gone.
 pub fn of_process(proc_root: &Path, pid: u32, engine: Option<Engine>) -> Option<String> {

@@ -9,6 +9,7 @@
 //! token fields (those are the decoder's arithmetic).
 
 use crate::{
+    host::kube,
     record::RequestRecord,
     stage::{Enricher, NodeState},
 };
@@ -58,6 +59,37 @@ impl Enricher for ModelVersion {
             .processes
             .get(&r.pid)
             .and_then(|p| p.model_version.clone());
+    }
+}
+
+/// Pod names on records: `k8s_pod_name` / `k8s_namespace` of the engine's
+/// pod (by the UID its cgroup gave), `caller` as the calling pod's
+/// `namespace/name` when the peer is a pod, and the model version from the
+/// engine pod's `tokentap.io/model-version` label when it has one (the
+/// label wins over the engine's environment and the fingerprint: it is set
+/// deliberately, per deployment).
+pub struct KubePods(pub kube::KubeMeta);
+
+impl Enricher for KubePods {
+    fn enrich(&mut self, r: &mut RequestRecord, _node: &NodeState) {
+        if let Some(pod) = r.k8s_pod_uid.as_deref().and_then(|u| self.0.pod(u)) {
+            r.k8s_pod_name = Some(pod.name.clone());
+            r.k8s_namespace = Some(pod.namespace.clone());
+            if let Some(v) = pod.labels.get(kube::MODEL_VERSION_LABEL) {
+                if !v.is_empty() {
+                    r.model_version = Some(v.clone());
+                }
+            }
+        }
+        if let Some(ip) = r
+            .caller
+            .as_deref()
+            .and_then(|c| c.parse::<std::net::IpAddr>().ok())
+        {
+            if let Some(pod) = self.0.caller_pod(ip) {
+                r.caller = Some(pod.qualified());
+            }
+        }
     }
 }
 

@@ -8,7 +8,7 @@ use std::{path::Path, sync::Arc, time::Duration};
 use anyhow::{bail, Context, Result};
 
 use super::{
-    enrich::{Container, EngineName, ModelVersion},
+    enrich::{Container, EngineName, KubePods, ModelVersion},
     plan::{IdentityPlan, RunPlan, Targeting},
     targets::Targeter,
     Pipeline, TICK,
@@ -25,11 +25,11 @@ use crate::{
         stage::{GpuStage, SharedView},
         task::GpuTask,
     },
+    host::kube::KubeMeta,
     identity::{
         caller::{load_key, ApiKeyHasher, CallerConfig, INSTALL_KEY_PATH},
         request_type::Rules,
     },
-    kubemeta::{KubeMeta, KubePods},
     sinks::{console::ConsoleSink, otlp::Metrics, requests_log::RequestLog},
     source::EventSource,
     stage::{health::Health, Task, TaskCx},

@@ -24,10 +24,10 @@ use anyhow::Result;
 use super::plan::Targeting;
 use crate::stage::{NodeState, ProcessInfo, Task, TaskCx};
 use crate::{
-    capture::{procfs, Capture, ProcEvent},
-    discover,
+    capture::{Capture, ProcEvent},
     engines::Engine,
     event::SocketEvent,
+    host::{discover, procfs},
     identity::model_version,
 };
 

@@ -95,7 +95,7 @@ pub struct ProcessInfo {
     /// TCP ports it listens on (in its own network namespace), sorted.
     pub listen_ports: Vec<u16>,
     /// Its container (and pod), from its cgroup.
-    pub container: Option<crate::capture::procfs::ContainerIdentity>,
+    pub container: Option<crate::host::procfs::ContainerIdentity>,
     /// What it serves (`identity::model_version`), computed once when it
     /// is named (and again when it execs), never per request.
     pub model_version: Option<String>,

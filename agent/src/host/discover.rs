@@ -7,7 +7,7 @@
 
 use std::{fs, path::Path};
 
-use crate::capture::procfs;
+use super::procfs;
 use crate::engines::Engine;
 
 /// The command line of `pid` with NULs as spaces.

@@ -12,8 +12,9 @@
 //!
 //! The API may be down when the agent starts, or later: records flow
 //! without names meanwhile (nothing waits on the API), and names appear
-//! once the watch lists the pods. The [`KubePods`] enricher reads the index
-//! synchronously; a lookup it asks for is answered for later records.
+//! once the watch lists the pods. The `KubePods` enricher
+//! (`pipeline::enrich`) reads the index synchronously; a lookup it asks
+//! for is answered for later records.
 //!
 //! Owns: the watch, the index, the caller lookups. Must not: block the
 //! pipeline, or keep anything but names, namespaces, labels and IPs.
@@ -34,11 +35,6 @@ use kube::{
     Client,
 };
 use tokio::sync::mpsc;
-
-use crate::{
-    record::RequestRecord,
-    stage::{Enricher, NodeState},
-};
 
 /// The pod label that overrides an engine's model version
 /// (`identity::model_version`), e.g. set by a rollout tool.
@@ -299,33 +295,6 @@ async fn lookups(client: Client, mut rx: mpsc::Receiver<IpAddr>, index: Arc<RwLo
         }
         if ix.remote.len() < MAX_REMOTE {
             ix.remote.insert(ip, (answer, Instant::now()));
-        }
-    }
-}
-
-/// Pod names on records: `k8s_pod_name` / `k8s_namespace` of the engine's
-/// pod (by the UID its cgroup gave), `caller` as the calling pod's
-/// `namespace/name` when the peer is a pod, and the model version from the
-/// engine pod's `tokentap.io/model-version` label when it has one (the
-/// label wins over the engine's environment and the fingerprint: it is set
-/// deliberately, per deployment).
-pub struct KubePods(pub KubeMeta);
-
-impl Enricher for KubePods {
-    fn enrich(&mut self, r: &mut RequestRecord, _node: &NodeState) {
-        if let Some(pod) = r.k8s_pod_uid.as_deref().and_then(|u| self.0.pod(u)) {
-            r.k8s_pod_name = Some(pod.name.clone());
-            r.k8s_namespace = Some(pod.namespace.clone());
-            if let Some(v) = pod.labels.get(MODEL_VERSION_LABEL) {
-                if !v.is_empty() {
-                    r.model_version = Some(v.clone());
-                }
-            }
-        }
-        if let Some(ip) = r.caller.as_deref().and_then(|c| c.parse::<IpAddr>().ok()) {
-            if let Some(pod) = self.0.caller_pod(ip) {
-                r.caller = Some(pod.qualified());
-            }
         }
     }
 }
