@@ -135,6 +135,13 @@ impl Syscall {
         })
     }
 
+    /// The syscall a [`name`](Syscall::name) names.
+    pub fn from_name(name: &str) -> Option<Self> {
+        (1..=13u8)
+            .filter_map(Self::from_u8)
+            .find(|s| s.name() == name)
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Self::Read => "read",

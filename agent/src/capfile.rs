@@ -103,7 +103,7 @@ pub fn to_line(ev: &SocketEvent) -> String {
             },
             ret: e.ret,
             data_b64: B64.encode(&e.data),
-            syscall: e.syscall.clone(),
+            syscall: e.syscall.map(|s| s.name().to_string()),
         },
         SocketEvent::Close(e) => Line::Close {
             ts_ns: e.ts_ns,
@@ -178,7 +178,8 @@ pub fn from_line(text: &str) -> Result<SocketEvent> {
             data: B64
                 .decode(data_b64.as_bytes())
                 .context("data_b64 is not valid base64")?,
-            syscall,
+            // A name this agent does not know is left out, not an error.
+            syscall: syscall.as_deref().and_then(agent_ebpf::Syscall::from_name),
         }),
         Line::Close { ts_ns, pid, fd } => SocketEvent::Close(CloseEvent { ts_ns, pid, fd }),
         Line::Arrival {
@@ -326,7 +327,7 @@ mod tests {
                 dir: Dir::Out,
                 ret: 7,
                 data: vec![0, 159, 146, 150, b'a', b'\n', 255],
-                syscall: Some("writev".into()),
+                syscall: Some(agent_ebpf::Syscall::Writev),
             }),
             SocketEvent::Data(DataEvent {
                 ts_ns: 3,

@@ -54,8 +54,8 @@ pub struct DataEvent {
     pub ret: i64,
     /// Captured payload; shorter than `ret` when capture was truncated.
     pub data: Vec<u8>,
-    /// The syscall's name (`write`, `writev`, …) when known.
-    pub syscall: Option<String>,
+    /// The syscall (`write`, `writev`, …) when known.
+    pub syscall: Option<agent_ebpf::Syscall>,
 }
 
 impl DataEvent {

@@ -12,6 +12,8 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use serde::Serialize;
 
+use crate::vocab::ErrorType;
+
 /// One finished request: the request log's line (keys are a contract).
 /// `None` serialises as `null` and means unknown / not applicable.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
@@ -73,7 +75,7 @@ pub struct RequestRecord {
     /// Both token counts came from the server's own report.
     pub tokens_exact: bool,
     pub finish_reason: Option<String>,
-    pub error_type: Option<String>,
+    pub error_type: Option<ErrorType>,
     /// Time to the first reasoning token, when reasoning preceded answer
     /// content (then `ttft_s` is the same instant, and `ttft_answer_s` says
     /// when the answer began).

@@ -122,7 +122,7 @@ impl State {
             dir,
             ret: h.ret,
             data,
-            syscall: Syscall::from_u8(h.syscall).map(|s| s.name().to_string()),
+            syscall: Syscall::from_u8(h.syscall),
         }));
     }
 

@@ -12,6 +12,7 @@ use crate::identity::{
     request_type::{builtin, Endpoint, Facts, Rules},
 };
 use crate::record::{rfc3339, Finished, RequestRecord};
+use crate::vocab::ErrorType;
 
 fn secs(ns: u64) -> f64 {
     ns as f64 / 1e9
@@ -200,13 +201,13 @@ impl Exchange {
 
     /// Finish the request. `end_ns`: when it ended (last byte, or the
     /// disconnect); `error`: why it failed, if the transport says so.
-    pub fn finish(self, end_ns: u64, error: Option<&str>) -> Finished {
+    pub fn finish(self, end_ns: u64, error: Option<ErrorType>) -> Finished {
         let error_type = match (self.status, error) {
-            (_, Some(e)) => Some(e.to_string()),
-            (Some(429), None) => Some("http_429".to_string()),
-            (Some(s), None) if (400..500).contains(&s) => Some("http_4xx".to_string()),
-            (Some(s), None) if s >= 500 => Some("http_5xx".to_string()),
-            _ if self.stream_error => Some("stream_error".to_string()),
+            (_, Some(e)) => Some(e),
+            (Some(429), None) => Some(ErrorType::Http429),
+            (Some(s), None) if (400..500).contains(&s) => Some(ErrorType::Http4xx),
+            (Some(s), None) if s >= 500 => Some(ErrorType::Http5xx),
+            _ if self.stream_error => Some(ErrorType::StreamError),
             _ => None,
         };
         // t0: the arrival of the request's first byte when the kernel
@@ -404,7 +405,7 @@ mod tests {
         let mut x = Exchange::new(1, 1, None, None, "POST", "/v1/chat/completions", 0);
         x.status = Some(429);
         let r = x.finish(10, None).record;
-        assert_eq!(r.error_type.as_deref(), Some("http_429"));
+        assert_eq!(r.error_type, Some(ErrorType::Http429));
         assert_eq!(r.ttft_s, None);
         assert_eq!(r.output_tokens, None);
         assert_eq!(r.input_tokens, None);
@@ -420,8 +421,8 @@ mod tests {
         x.on_stream_event(300, content(Content::Answer));
         x.on_stream_event(500, content(Content::Answer));
         x.last_response_byte_ns = Some(500);
-        let r = x.finish(600, Some("client_disconnect")).record;
-        assert_eq!(r.error_type.as_deref(), Some("client_disconnect"));
+        let r = x.finish(600, Some(ErrorType::ClientDisconnect)).record;
+        assert_eq!(r.error_type, Some(ErrorType::ClientDisconnect));
         assert_eq!(r.ttft_s, Some(100e-9));
         assert_eq!(r.tpot_s, Some(200e-9));
         assert_eq!(r.ttft_answer_s, Some(100e-9));

@@ -774,7 +774,10 @@ mod tests {
         let r = &out[0].record;
         assert_eq!(r.path, "/v1/realtime");
         assert_eq!(r.status, Some(101));
-        assert_eq!(r.error_type.as_deref(), Some("unsupported_protocol"));
+        assert_eq!(
+            r.error_type,
+            Some(crate::vocab::ErrorType::UnsupportedProtocol)
+        );
         assert!((r.duration_s.unwrap() - 0.004).abs() < 1e-9);
         assert_eq!(d.stats.unsupported_protocol, 1);
         assert_eq!(d.stats.desyncs, 0);

@@ -317,7 +317,7 @@ mod tests {
             input_tokens: Some(100),
             output_tokens: Some(10),
             tokens_exact: true,
-            error_type: err.then(|| "http_5xx".to_string()),
+            error_type: err.then_some(crate::vocab::ErrorType::Http5xx),
             t0_ns: t0_s * 1_000_000_000,
             ..Default::default()
         }

@@ -29,14 +29,16 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::{kind, round4, Config, Event};
-use crate::record::Finished;
+use crate::{record::Finished, vocab::ErrorType};
 
-/// Error kinds a burst is judged on (`error.type` of the event).
+/// Error kinds a burst is judged on (`error.type` of the event), in the
+/// order of [`error_kind`]'s indices.
 pub const ERROR_KINDS: [&str; 4] = ["http_429", "http_401_403", "http_5xx", "client_disconnect"];
 
-/// The kind of a failed request, when it is one bursts are judged on.
+/// The kind of a failed request (its index in [`ERROR_KINDS`]), when it is
+/// one bursts are judged on.
 pub fn error_kind(f: &Finished) -> Option<usize> {
-    if f.error_type.as_deref() == Some("client_disconnect") {
+    if f.error_type == Some(ErrorType::ClientDisconnect) {
         return Some(3);
     }
     match f.status? {

@@ -3,7 +3,7 @@
 //! same traffic, is named on the right tenant and nobody else.
 
 use super::*;
-use crate::record::RequestRecord;
+use crate::{record::RequestRecord, vocab::ErrorType};
 
 /// xorshift64*: deterministic noise.
 struct Rng(u64);
@@ -132,11 +132,11 @@ fn simulate(
             // clients that give up; a failed request is retried once.
             let u = rng.unit();
             let fail = if u < 0.01 {
-                Some((503, "http_5xx"))
+                Some((503, ErrorType::Http5xx))
             } else if u < 0.015 {
-                Some((429, "http_429"))
+                Some((429, ErrorType::Http429))
             } else if u < 0.02 {
-                Some((200, "client_disconnect"))
+                Some((200, ErrorType::ClientDisconnect))
             } else {
                 None
             };
@@ -145,14 +145,14 @@ fn simulate(
             match (on, anomaly) {
                 (true, Anomaly::Forbidden) => {
                     rec.status = Some(403);
-                    rec.error_type = Some("http_4xx".into());
+                    rec.error_type = Some(ErrorType::Http4xx);
                     rec.ttft_s = None;
                     rec.duration_s = Some(0.002);
                     recs.push((rec.t0_ns, finished(rec, fp)));
                 }
                 (true, Anomaly::RetryStorm) => {
                     // Times out after 1 s, retried 4 times at once.
-                    rec.error_type = Some("client_disconnect".into());
+                    rec.error_type = Some(ErrorType::ClientDisconnect);
                     rec.ttft_s = None;
                     rec.duration_s = Some(1.0);
                     for k in 0..5u64 {
@@ -165,7 +165,7 @@ fn simulate(
                     if let Some((status, e)) = fail {
                         let mut r = rec.clone();
                         r.status = Some(status);
-                        r.error_type = Some(e.into());
+                        r.error_type = Some(e);
                         r.ttft_s = None;
                         r.duration_s = Some(0.01);
                         recs.push((r.t0_ns, finished(r, fp)));

@@ -21,6 +21,7 @@ use super::{
 };
 use crate::engines::Engine;
 use crate::event::{Dir, Role};
+use crate::vocab::ErrorType;
 
 enum ReqState {
     Head(HeadBuf),
@@ -118,7 +119,7 @@ impl Http1Conn {
             .unwrap_or(0);
         while let Some(x) = self.queue.pop_front() {
             let end = x.last_response_byte_ns.unwrap_or(end.max(x.t0_ns));
-            out.emit(x.finish(end, Some("truncated_capture")));
+            out.emit(x.finish(end, Some(ErrorType::TruncatedCapture)));
         }
     }
 
@@ -136,15 +137,15 @@ impl Http1Conn {
         }
         // Anything still pending was cut off by the traced process itself
         // (a client going away shows up earlier, as EOF or a failed write).
-        self.fail_all(ts, "upstream_reset", out);
+        self.fail_all(ts, ErrorType::UpstreamReset, out);
     }
 
     /// The fd was reused without a close event.
     pub fn abandon(mut self, ts: u64, out: &mut Out<'_>) {
-        self.fail_all(ts, "truncated_capture", out);
+        self.fail_all(ts, ErrorType::TruncatedCapture, out);
     }
 
-    fn fail_all(&mut self, ts: u64, why: &str, out: &mut Out<'_>) {
+    fn fail_all(&mut self, ts: u64, why: ErrorType, out: &mut Out<'_>) {
         while let Some(x) = self.queue.pop_front() {
             let end = x.last_response_byte_ns.unwrap_or(ts);
             out.emit(x.finish(end, Some(why)));
@@ -162,7 +163,7 @@ impl Http1Conn {
             // A connection joined mid-way whose first call was part of a TLS
             // record: later calls show the records whole.
             if self.joining && crate::decode::looks_like_tls(p.data) {
-                self.fail_all(p.ts_ns, "unsupported_protocol", out);
+                self.fail_all(p.ts_ns, ErrorType::UnsupportedProtocol, out);
                 return Flow::Tls;
             }
             if is_request && looks_like_request(p.data) {
@@ -186,9 +187,9 @@ impl Http1Conn {
             Ok(flow) => flow,
             Err(NotHttp) => {
                 let why = if missing > 0 {
-                    "truncated_capture"
+                    ErrorType::TruncatedCapture
                 } else {
-                    "decode_error"
+                    ErrorType::DecodeError
                 };
                 out.stats.desyncs += 1;
                 self.fail_all(p.ts_ns, why, out);
@@ -203,9 +204,9 @@ impl Http1Conn {
     /// (server role) or the upstream is (client role).
     fn on_gone(&mut self, conn: &ConnInfo, out: &mut Out<'_>, p: Piece<'_>, is_request: bool) {
         let gone = if conn.role == Role::Server {
-            "client_disconnect"
+            ErrorType::ClientDisconnect
         } else {
-            "upstream_reset"
+            ErrorType::UpstreamReset
         };
         if !is_request && p.ret == 0 {
             // Client role: a response delimited by the close is done.
@@ -395,7 +396,7 @@ impl Http1Conn {
                         if let Some(x) = self.queue.front_mut() {
                             x.status = Some(101);
                         }
-                        self.fail_all(ts, "unsupported_protocol", out);
+                        self.fail_all(ts, ErrorType::UnsupportedProtocol, out);
                         return Ok(Flow::Unsupported);
                     }
                     if (100..200).contains(&head.status) {

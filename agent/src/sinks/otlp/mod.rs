@@ -443,8 +443,8 @@ impl AttributeMap {
                 self.capped(CapKey::ModelVersion, Some(v)),
             ));
         }
-        if let Some(e) = &r.error_type {
-            attrs.push(KeyValue::new("error.type", e.clone()));
+        if let Some(e) = r.error_type {
+            attrs.push(KeyValue::new("error.type", e.as_str()));
         }
         attrs
     }
