@@ -23,6 +23,13 @@ use opentelemetry_proto::tonic::{
 #[derive(Clone, Default)]
 pub struct Sink(pub Arc<Mutex<Vec<ExportMetricsServiceRequest>>>, pub Gate);
 
+impl Sink {
+    /// Every export received so far.
+    pub fn exports(&self) -> Vec<ExportMetricsServiceRequest> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
 /// What a receiver demands: an `authorization` header of this value
 /// (exports without it are refused: 401 / UNAUTHENTICATED, and counted).
 /// It also counts gzip-compressed exports.
@@ -538,6 +545,33 @@ pub fn runtime() -> tokio::runtime::Runtime {
         .expect("tokio runtime")
 }
 
+/// A real OTLP receiver (gRPC: metrics and logs) on a runtime of its own:
+/// what the end-to-end tests start with. Keep it for the whole test.
+pub struct Receiver {
+    _rt: tokio::runtime::Runtime,
+    pub metrics: Sink,
+    pub logs: LogSink,
+    pub port: u16,
+}
+
+impl Receiver {
+    pub fn start() -> Receiver {
+        let rt = runtime();
+        let (metrics, logs, port) = start_receiver_with_logs(&rt, 0);
+        Receiver {
+            _rt: rt,
+            metrics,
+            logs,
+            port,
+        }
+    }
+
+    /// The `--otlp-endpoint` for it.
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+}
+
 /// `tokentap run` on `pid` exporting to `endpoint` every second (no
 /// console, no GPU, no engine scrapes); callers add the rest.
 pub fn run_exporting(pid: u32, endpoint: &str) -> std::process::Command {
@@ -592,13 +626,7 @@ pub fn gauge_points(
     name: &str,
 ) -> Vec<(Vec<(String, String)>, f64)> {
     let mut out = vec![];
-    for m in exports
-        .iter()
-        .flat_map(|e| &e.resource_metrics)
-        .flat_map(|rm| &rm.scope_metrics)
-        .flat_map(|sm| &sm.metrics)
-        .filter(|m| m.name == name)
-    {
+    for m in metrics_named(exports, name) {
         let Some(Data::Gauge(g)) = &m.data else {
             continue;
         };
@@ -610,6 +638,35 @@ pub fn gauge_points(
                 None => f64::NAN,
             };
             out.push((attrs, v));
+        }
+    }
+    out
+}
+
+/// Every metric called `name`, across exports, resources and scopes.
+pub fn metrics_named<'a>(
+    exports: &'a [ExportMetricsServiceRequest],
+    name: &'a str,
+) -> impl Iterator<Item = &'a opentelemetry_proto::tonic::metrics::v1::Metric> {
+    exports
+        .iter()
+        .flat_map(|e| &e.resource_metrics)
+        .flat_map(|rm| &rm.scope_metrics)
+        .flat_map(|sm| &sm.metrics)
+        .filter(move |m| m.name == name)
+}
+
+/// Every data point of gauge or sum `name` across all exports.
+pub fn number_points(
+    exports: &[ExportMetricsServiceRequest],
+    name: &str,
+) -> Vec<opentelemetry_proto::tonic::metrics::v1::NumberDataPoint> {
+    let mut out = vec![];
+    for m in metrics_named(exports, name) {
+        match &m.data {
+            Some(Data::Gauge(g)) => out.extend(g.data_points.clone()),
+            Some(Data::Sum(s)) => out.extend(s.data_points.clone()),
+            _ => {}
         }
     }
     out

@@ -16,8 +16,11 @@ use opentelemetry_proto::tonic::{
 };
 use serde_json::{json, Value};
 use tokentap_tests::{
-    assert_root, fakenvml::install_fake_nvml, http, interrupt, otlp::start_receiver, read_jsonl,
-    scratch_dir, start, tokentap_bin,
+    assert_root,
+    fakenvml::install_fake_nvml,
+    http, interrupt,
+    otlp::{number_points, Receiver},
+    read_jsonl, scratch_dir, start, tokentap_bin,
 };
 
 const GPU: &str = "GPU-e2e-0";
@@ -64,25 +67,6 @@ fn points(exports: &[ExportMetricsServiceRequest], name: &str) -> Vec<NumberData
     vec![]
 }
 
-/// Every data point of `name` across all exports.
-fn all_points(exports: &[ExportMetricsServiceRequest], name: &str) -> Vec<NumberDataPoint> {
-    let mut out = vec![];
-    for m in exports
-        .iter()
-        .flat_map(|e| &e.resource_metrics)
-        .flat_map(|rm| &rm.scope_metrics)
-        .flat_map(|sm| &sm.metrics)
-        .filter(|m| m.name == name)
-    {
-        match &m.data {
-            Some(Data::Gauge(g)) => out.extend(g.data_points.clone()),
-            Some(Data::Sum(s)) => out.extend(s.data_points.clone()),
-            _ => {}
-        }
-    }
-    out
-}
-
 fn scenario(worker: u32, other: u32) -> Value {
     let steps: Vec<Value> = (0..600u64)
         .map(|k| {
@@ -120,12 +104,7 @@ fn stream(port: u16, id: u64, tokens: u64, gap_ms: u64) -> std::thread::JoinHand
 #[ignore = "needs root: loads eBPF (cargo xtask test runs it as root)"]
 fn requests_get_their_engines_gpu_utilisation_memory_and_a_token_share_of_its_energy() {
     assert_root("GPU join end to end");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let (sink, otlp_port) = start_receiver(&rt, 0);
+    let otlp = Receiver::start();
     let dir = scratch_dir("gpu-e2e");
     let log = dir.join("requests.jsonl");
 
@@ -156,7 +135,7 @@ fn requests_get_their_engines_gpu_utilisation_memory_and_a_token_share_of_its_en
     std::fs::write(&scen, scenario(worker, other.0.id()).to_string()).unwrap();
     let lib = install_fake_nvml(&dir);
 
-    let endpoint = format!("http://127.0.0.1:{otlp_port}");
+    let endpoint = otlp.endpoint();
     let (mut agent, agent_out) = start_agent(
         engine.0.id(),
         &log,
@@ -219,7 +198,7 @@ fn requests_get_their_engines_gpu_utilisation_memory_and_a_token_share_of_its_en
     // 0.2 s, at least its 0.5 s duration).
     assert!(ec >= 300.0 * 0.5 - 1e-6, "{ec}");
 
-    let exports = sink.0.lock().unwrap().clone();
+    let exports = otlp.metrics.exports();
     // Conservation: requests + idle = the GPU's counter since the first sample.
     let idle: f64 = points(&exports, "tokentap.gpu.idle_energy")
         .iter()
@@ -315,7 +294,7 @@ fn requests_get_their_engines_gpu_utilisation_memory_and_a_token_share_of_its_en
     assert_eq!(attr(o, "tokentap.engine.pid"), None);
     // Energy per token while A and B ran: 300 W × 0.2 s over 12 tokens per
     // interval = 5 J/token (edge intervals differ: any point within 2×).
-    let ept: Vec<f64> = all_points(&exports, "tokentap.gpu.energy_per_output_token")
+    let ept: Vec<f64> = number_points(&exports, "tokentap.gpu.energy_per_output_token")
         .iter()
         .map(value)
         .collect();

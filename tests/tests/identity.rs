@@ -16,7 +16,7 @@ use tokentap_tests::{
     assert_root,
     cgroups::{v1_root, v2_root, Cgroups},
     http, interrupt,
-    otlp::start_receiver,
+    otlp::Receiver,
     read_jsonl, scratch_dir, start, start_simengine, tokentap_bin,
 };
 
@@ -74,12 +74,7 @@ fn resource_attr(exports: &[ExportMetricsServiceRequest], id: &str, key: &str) -
 fn engines_in_pod_cgroups_are_labelled_and_exported_under_their_own_resource() {
     assert_root("container identity");
     let v2 = v2_root().expect("a cgroup v2 hierarchy (pure or hybrid)");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let (sink, otlp_port) = start_receiver(&rt, 0);
+    let otlp = Receiver::start();
     let dir = scratch_dir("identity");
     let log = dir.join("requests.jsonl");
     let bin = Path::new(env!("CARGO_BIN_EXE_simengine"));
@@ -126,7 +121,7 @@ fn engines_in_pod_cgroups_are_labelled_and_exported_under_their_own_resource() {
             .args(["--export-interval", "1", "--requests-log"])
             .arg(&log)
             .arg("--otlp-endpoint")
-            .arg(format!("http://127.0.0.1:{otlp_port}")),
+            .arg(otlp.endpoint()),
         "; ready",
         "tokentap run",
     );
@@ -160,7 +155,7 @@ fn engines_in_pod_cgroups_are_labelled_and_exported_under_their_own_resource() {
         assert_eq!(r["container_id"], id, "{r}");
         assert_eq!(r["k8s_pod_uid"], pod, "{r}");
     }
-    let exports = sink.0.lock().unwrap().clone();
+    let exports = otlp.metrics.exports();
     for id in [ID_V2, ID_V1] {
         assert!(
             resource_of(

@@ -16,7 +16,7 @@ use std::{
 use serde_json::{json, Value};
 use tokentap_tests::{
     assert_root, http, interrupt, logged,
-    otlp::{assert_exports_match_log, start_receiver},
+    otlp::{assert_exports_match_log, Receiver},
     read_jsonl, scratch_dir, start, start_simengine, tokentap_bin, Netns,
 };
 
@@ -75,12 +75,7 @@ fn client(port: u16, thread: usize, n: usize) {
 #[ignore = "needs root: loads eBPF (cargo xtask test runs it as root)"]
 fn two_hundred_scripted_requests_match_the_engines_clock() {
     assert_root("live run against simengine");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let (sink, otlp_port) = start_receiver(&rt, 0);
+    let otlp = Receiver::start();
     let dir = scratch_dir("live");
     let truth_path = dir.join("truth.jsonl");
     let log_path = dir.join("requests.jsonl");
@@ -100,7 +95,7 @@ fn two_hundred_scripted_requests_match_the_engines_clock() {
                 "1",
             ])
             .arg("--otlp-endpoint")
-            .arg(format!("http://127.0.0.1:{otlp_port}"))
+            .arg(otlp.endpoint())
             .arg("--requests-log")
             .arg(&log_path),
         "; ready",
@@ -245,7 +240,7 @@ fn two_hundred_scripted_requests_match_the_engines_clock() {
         widest * 1e6
     );
     // The exported histograms say what the request log says.
-    let exports = sink.0.lock().unwrap().clone();
+    let exports = otlp.metrics.exports();
     assert!(!exports.is_empty(), "no OTLP export arrived: {stderr:?}");
     assert_exports_match_log(&exports, &records);
     // Every value lay inside the engine's bracket (checked above), so the

@@ -18,7 +18,7 @@ use std::{
 use serde_json::{json, Value};
 use tokentap_tests::{
     assert_root, http, interrupt, logged,
-    otlp::{start_receiver, sum_point_attributes},
+    otlp::{sum_point_attributes, Receiver},
     read_jsonl, scratch_dir, start, tokentap_bin,
 };
 
@@ -135,19 +135,14 @@ fn model_a_then_b_then_a_again_gives_va_vb_va_and_a_changed_header_a_new_version
         .and_then(|m| m.modified())
         .expect("mtime");
 
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let (sink, otlp_port) = start_receiver(&rt, 0);
+    let otlp = Receiver::start();
 
     let (mut agent, agent_out) = start(
         Command::new(tokentap_bin())
             .args(["run", "--port", &port.to_string(), "--no-console"])
             .args(["--export-interval", "1"])
             .arg("--otlp-endpoint")
-            .arg(format!("http://127.0.0.1:{otlp_port}"))
+            .arg(otlp.endpoint())
             .arg("--requests-log")
             .arg(&log),
         "waiting for a listener on port",
@@ -202,7 +197,7 @@ fn model_a_then_b_then_a_again_gives_va_vb_va_and_a_changed_header_a_new_version
     );
 
     // The metric attribute: each tagged series carries its version.
-    let exports = sink.0.lock().unwrap().clone();
+    let exports = otlp.metrics.exports();
     let points = sum_point_attributes(&exports, "tokentap.requests");
     for (tag, v) in [
         ("phase-a1", &va1),

@@ -79,7 +79,7 @@ fn a_collector_that_is_down_at_start_gets_the_metrics_once_it_is_up() {
     }
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let exports = sink.0.lock().unwrap().clone();
+        let exports = sink.exports();
         if counter(&exports, "tokentap.requests") == Some(10)
             && counter(&exports, "tokentap.export.failures").unwrap_or(0) > 0
         {
@@ -227,7 +227,7 @@ fn check_export(protocol: &str, tls: bool) {
 
     let recs = read_jsonl(&log);
     assert_eq!(recs.len(), 40, "{stderr}");
-    let exports = sink.0.lock().unwrap().clone();
+    let exports = sink.exports();
     assert!(!exports.is_empty(), "no OTLP export arrived: {stderr}");
     assert_exports_match_log(&exports, &recs);
     let resource = &exports.last().unwrap().resource_metrics[0].resource;
@@ -293,7 +293,7 @@ fn the_engines_own_metrics_are_exported_and_the_agents_scrapes_are_not_requests(
     let (ok, lines) = interrupt(&mut agent, out);
     let stderr = lines.join("\n");
     assert!(ok, "tokentap run failed: {stderr}");
-    let exports = sink.0.lock().unwrap().clone();
+    let exports = sink.exports();
     let running = gauge_points(&exports, "tokentap.engine.requests.running");
     assert!(
         running.iter().any(|(_, v)| *v == 1.0),
@@ -415,7 +415,7 @@ fn host_name_is_the_node_not_the_agents_own_uts_hostname() {
         std::thread::sleep(Duration::from_millis(2500));
         let (ok, lines) = interrupt(&mut agent, out);
         assert!(ok, "{lines:?}");
-        let exports = sink.0.lock().unwrap().clone();
+        let exports = sink.exports();
         let got = exported_host_name(&exports);
         assert_eq!(
             got.as_deref(),
@@ -497,7 +497,7 @@ fn tls_collectors_that_check_a_header_get_metrics_over_grpc_and_http_and_mutual_
         let mut env = std_env("authorization=Bearer%20s3cret-token,x-scope=team-a");
         env.push(("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip".into()));
         let (sink, stderr) = export_to_guarded_collector(protocol, false, &env, &[]);
-        let exports = sink.0.lock().unwrap().clone();
+        let exports = sink.exports();
         assert!(!exports.is_empty(), "{protocol}: nothing arrived: {stderr}");
         assert_eq!(sink.1.refused(), 0, "{protocol}: {stderr}");
         assert!(sink.1.gzipped() > 0, "{protocol}: not compressed");
@@ -541,7 +541,7 @@ fn tls_collectors_that_check_a_header_get_metrics_over_grpc_and_http_and_mutual_
         &env,
         &["--otlp-header", "authorization=Bearer%20s3cret-token"],
     );
-    let exports = sink.0.lock().unwrap().clone();
+    let exports = sink.exports();
     assert_eq!(counter(&exports, "tokentap.requests"), Some(3), "{stderr}");
     assert_eq!(
         sink.1.refused(),

@@ -31,7 +31,7 @@ use std::{
 use serde_json::{json, Value};
 use tokentap_tests::{
     assert_root, free_port, http, interrupt, logged,
-    otlp::{histogram_counts_by, start_receiver_with_logs},
+    otlp::{histogram_counts_by, Receiver},
     read_jsonl, scratch_dir, start, tokentap_bin, Netns, Running,
 };
 
@@ -128,12 +128,7 @@ fn events_of<'a>(ev: &'a [Value], kind: &str) -> Vec<&'a Value> {
 fn new_model_launch_then_rollback_gives_new_rollout_rollback_and_separate_metrics() {
     assert_root("scenarios: launch and rollback");
     let dir = scratch_dir("scenario-rollout");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let (metrics, logs, otlp_port) = start_receiver_with_logs(&rt, 0);
+    let otlp = Receiver::start();
     let port = free_port();
     let (mut tt, tt_out) = agent(
         &dir,
@@ -142,7 +137,7 @@ fn new_model_launch_then_rollback_gives_new_rollout_rollback_and_separate_metric
             "--export-interval".into(),
             "1".into(),
             "--otlp-endpoint".into(),
-            format!("http://127.0.0.1:{otlp_port}"),
+            otlp.endpoint(),
         ],
     );
     let log = dir.join("requests.jsonl");
@@ -246,7 +241,7 @@ fn new_model_launch_then_rollback_gives_new_rollout_rollback_and_separate_metric
     // The versions' metrics stay apart: request counts per version in the
     // OTLP export equal the request log's.
     let by_version = histogram_counts_by(
-        &metrics.0.lock().unwrap(),
+        &otlp.metrics.exports(),
         "gen_ai.server.request.duration",
         "tokentap.model.version",
     );
@@ -263,7 +258,7 @@ fn new_model_launch_then_rollback_gives_new_rollout_rollback_and_separate_metric
     );
 
     // Every event also went out as an OTLP log record.
-    let mut got: Vec<String> = logs.records().into_iter().map(|(k, _, _)| k).collect();
+    let mut got: Vec<String> = otlp.logs.records().into_iter().map(|(k, _, _)| k).collect();
     let mut want: Vec<String> = ev
         .iter()
         .map(|e| e["kind"].as_str().unwrap().to_string())

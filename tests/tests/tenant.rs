@@ -20,7 +20,7 @@ use serde_json::{json, Value};
 use tokentap::identity::caller::ApiKeyHasher;
 use tokentap_tests::{
     assert_root, connect_from, http, interrupt,
-    otlp::{counter, start_receiver, sum_point_attributes},
+    otlp::{counter, sum_point_attributes, Receiver},
     read_jsonl, scratch_dir, start, start_simengine, tokentap_bin,
 };
 
@@ -102,12 +102,7 @@ fn records_carry_tenant_caller_api_key_id_and_request_type_and_no_key_text() {
     let salt = dir.join("salt");
     std::fs::write(&salt, SALT).unwrap();
     let log_path = dir.join("requests.jsonl");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let (sink, otlp_port) = start_receiver(&rt, 0);
+    let otlp = Receiver::start();
     let (engine, port, _) = start_simengine(Path::new(env!("CARGO_BIN_EXE_simengine")), &[]);
     let (mut agent, agent_out) = start(
         Command::new(&bin)
@@ -120,7 +115,7 @@ fn records_carry_tenant_caller_api_key_id_and_request_type_and_no_key_text() {
             .arg(&log_path)
             .args(["--max-tenants", "2", "--export-interval", "1"])
             .arg("--otlp-endpoint")
-            .arg(format!("http://127.0.0.1:{otlp_port}")),
+            .arg(otlp.endpoint()),
         "; ready",
         "tokentap run",
     );
@@ -328,7 +323,7 @@ fn records_carry_tenant_caller_api_key_id_and_request_type_and_no_key_text() {
     assert_eq!(by_model["tools-called"]["stream"], json!(true));
 
     // Metrics: the first two tenants as they are, the third `other`.
-    let exports = sink.0.lock().unwrap().clone();
+    let exports = otlp.metrics.exports();
     let points = sum_point_attributes(&exports, "tokentap.requests");
     assert!(!points.is_empty(), "tokentap.requests exported");
     let values = |key: &str| -> std::collections::BTreeSet<String> {

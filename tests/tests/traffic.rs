@@ -130,7 +130,7 @@ fn probes_scrapes_and_model_listings_are_counted_apart_and_only_chats_are_llm_re
     assert_eq!(recs.len(), 12, "only the chats are records: {stderr}");
     assert!(recs.iter().all(|r| r["operation"] == "chat"));
 
-    let exports = sink.0.lock().unwrap().clone();
+    let exports = sink.exports();
     let (n, _, _) = histogram(&exports, "gen_ai.server.request.duration").expect("duration");
     assert_eq!(n, 12, "gen_ai.server.request.duration count");
     let (n, _, _) = histogram(&exports, "gen_ai.server.time_to_first_token").expect("ttft");
@@ -248,7 +248,7 @@ fn a_long_stream_running_when_the_agent_starts_is_no_decode_error_and_its_connec
         "the requests after the joined stream, on its connection: {stderr}"
     );
     assert!(recs.iter().all(|r| r["output_tokens"] == 4), "{recs:?}");
-    let exports = sink.0.lock().unwrap().clone();
+    let exports = sink.exports();
     assert_eq!(
         counter(&exports, "tokentap.decode.errors"),
         Some(0),
