@@ -74,27 +74,28 @@ pub struct Probe {
     pub when: When,
 }
 
-const fn syscall(program: &'static str, when: When) -> Probe {
-    // The programs on syscall tracepoints are named as their tracepoint.
+/// A row on a perf tracepoint.
+const fn tracepoint(
+    program: &'static str,
+    category: &'static str,
+    name: &'static str,
+    when: When,
+) -> Probe {
     Probe {
         program,
-        attach: Attach::Tracepoint {
-            category: "syscalls",
-            name: program,
-        },
+        attach: Attach::Tracepoint { category, name },
         when,
     }
 }
 
+/// A row on a syscall tracepoint; those programs are named as their
+/// tracepoint.
+const fn syscall(program: &'static str, when: When) -> Probe {
+    tracepoint(program, "syscalls", program, when)
+}
+
 const fn sched(program: &'static str, name: &'static str, when: When) -> Probe {
-    Probe {
-        program,
-        attach: Attach::Tracepoint {
-            category: "sched",
-            name,
-        },
-        when,
-    }
+    tracepoint(program, "sched", name, when)
 }
 
 /// Every kernel hook of the agent (`agent-ebpf/src/`).
@@ -141,14 +142,7 @@ pub const PROBES: &[Probe] = &[
     syscall("sys_enter_sendmsg", When::DataTracepoint),
     syscall("sys_exit_sendmsg", When::DataTracepoint),
     // Request arrival (arrival.rs).
-    Probe {
-        program: "tcp_probe",
-        attach: Attach::Tracepoint {
-            category: "tcp",
-            name: "tcp_probe",
-        },
-        when: When::Arrival,
-    },
+    tracepoint("tcp_probe", "tcp", "tcp_probe", When::Arrival),
 ];
 
 /// What this kernel and these options select from the table.

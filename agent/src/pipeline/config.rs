@@ -167,18 +167,8 @@ mod tests {
 
     use clap::Parser;
 
+    use super::super::plan::test_cli::{Cli, Sub};
     use super::*;
-
-    #[derive(Parser)]
-    #[command(args_override_self = true)]
-    struct Cli {
-        #[command(subcommand)]
-        cmd: Sub,
-    }
-    #[derive(clap::Subcommand)]
-    enum Sub {
-        Run(RunFlags),
-    }
 
     /// The command line `args` (after `run`) with `file`'s options merged.
     fn merged(file: &str, args: &[&str]) -> Result<RunFlags> {

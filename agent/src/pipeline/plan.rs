@@ -656,22 +656,30 @@ pub fn resolve(f: &RunFlags, env: &dyn Env) -> Result<RunPlan> {
     })
 }
 
+/// A command line with `run` alone, for the plan's and the config file's
+/// tests.
+#[cfg(test)]
+pub(super) mod test_cli {
+    use super::RunFlags;
+
+    #[derive(clap::Parser)]
+    #[command(args_override_self = true)]
+    pub struct Cli {
+        #[command(subcommand)]
+        pub cmd: Sub,
+    }
+    #[derive(clap::Subcommand)]
+    pub enum Sub {
+        Run(RunFlags),
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::test_cli::{Cli, Sub};
     use super::*;
     use clap::Parser;
     use std::{collections::HashMap, path::Path};
-
-    #[derive(Parser)]
-    #[command(args_override_self = true)]
-    struct Cli {
-        #[command(subcommand)]
-        cmd: Sub,
-    }
-    #[derive(clap::Subcommand)]
-    enum Sub {
-        Run(RunFlags),
-    }
 
     struct FakeEnv {
         vars: HashMap<&'static str, &'static str>,
