@@ -261,7 +261,12 @@ pub fn child_pid_offset(format: &str) -> Option<usize> {
     let line = format
         .lines()
         .find(|l| l.contains(" child_pid;") || l.contains("\tchild_pid;"))?;
-    line.split("offset:")
+    format_number(line, "offset:")
+}
+
+/// The number after `key` (`offset:`, `size:`) in a tracefs format line.
+fn format_number(line: &str, key: &str) -> Option<usize> {
+    line.split(key)
         .nth(1)?
         .split(';')
         .next()?
@@ -345,16 +350,9 @@ pub fn arrival_layout_matches(format: &str) -> Result<()> {
                 })
             })
             .with_context(|| format!("tcp_probe has no field {field}"))?;
-        let num = |key: &str| -> Option<usize> {
-            line.split(key)
-                .nth(1)?
-                .split(';')
-                .next()?
-                .trim()
-                .parse()
-                .ok()
-        };
-        if num("offset:") != Some(offset) || num("size:") != Some(size) {
+        if format_number(line, "offset:") != Some(offset)
+            || format_number(line, "size:") != Some(size)
+        {
             bail!(
                 "tcp_probe's {field} is not at offset {offset} (size {size}) on this kernel: {}",
                 line.trim()

@@ -1,20 +1,9 @@
 //! llama.cpp's native `/completion`: one `content` piece per event; the
 //! `stop: true` event ends the stream with counts (top level or `timings`).
 
-use serde::de::IgnoredAny;
-use serde::Deserialize;
+use super::{add, Content, EventInfo, Loose, Num, Text, Timings};
 
-use super::{add, common, Content, EventInfo, Loose, Num, Text, Timings, Usage};
-
-#[derive(Deserialize, Default, Debug)]
-#[serde(default)]
-struct CompletionEvent<'a> {
-    #[serde(borrow)]
-    model: Loose<'a>,
-    #[serde(borrow)]
-    model_name: Loose<'a>,
-    usage: Option<Usage>,
-    error: Option<IgnoredAny>,
+family_event!(CompletionEvent {
     content: Text,
     stop: Option<bool>,
     tokens_predicted: Num,
@@ -22,11 +11,11 @@ struct CompletionEvent<'a> {
     #[serde(borrow)]
     stop_type: Loose<'a>,
     timings: Option<Timings>,
-}
+});
 
 pub(super) fn interpret(json: &[u8]) -> Option<EventInfo<'_>> {
-    let o: CompletionEvent<'_> = serde_json::from_slice(json).ok()?;
-    let mut info = common(o.model, o.model_name, o.usage.as_ref(), o.error.is_some());
+    let mut o: CompletionEvent<'_> = serde_json::from_slice(json).ok()?;
+    let mut info = o.common_info();
     if o.content.0 {
         add(&mut info, Content::Answer);
     }

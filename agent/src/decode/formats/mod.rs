@@ -251,6 +251,36 @@ macro_rules! ignore_others {
     };
 }
 
+/// An event of a non-OpenAI family: the fields [`common`] reads (`model`,
+/// `model_name`, `usage`, `error`) and the family's own, with
+/// `common_info()` handing the first four to [`common`].
+macro_rules! family_event {
+    ($name:ident { $($own:tt)* }) => {
+        #[derive(serde::Deserialize, Default, Debug)]
+        #[serde(default)]
+        struct $name<'a> {
+            #[serde(borrow)]
+            model: super::Loose<'a>,
+            #[serde(borrow)]
+            model_name: super::Loose<'a>,
+            usage: Option<super::Usage>,
+            error: Option<serde::de::IgnoredAny>,
+            $($own)*
+        }
+
+        impl<'a> $name<'a> {
+            fn common_info(&mut self) -> super::EventInfo<'a> {
+                super::common(
+                    std::mem::take(&mut self.model),
+                    std::mem::take(&mut self.model_name),
+                    self.usage.as_ref(),
+                    self.error.is_some(),
+                )
+            }
+        }
+    };
+}
+
 // The family modules come after the macros above, which they use.
 mod llamacpp;
 mod ollama;

@@ -2,20 +2,9 @@
 //! (`response` strings), streamed as NDJSON; the `done: true` line ends the
 //! stream and carries the counts.
 
-use serde::de::IgnoredAny;
-use serde::Deserialize;
+use super::{add, openai::Delta, Content, EventInfo, Loose, Num, Text};
 
-use super::{add, common, openai::Delta, Content, EventInfo, Loose, Num, Text, Usage};
-
-#[derive(Deserialize, Default, Debug)]
-#[serde(default)]
-struct OllamaEvent<'a> {
-    #[serde(borrow)]
-    model: Loose<'a>,
-    #[serde(borrow)]
-    model_name: Loose<'a>,
-    usage: Option<Usage>,
-    error: Option<IgnoredAny>,
+family_event!(OllamaEvent {
     message: Option<Delta>,
     response: Text,
     thinking: Text,
@@ -24,11 +13,11 @@ struct OllamaEvent<'a> {
     done_reason: Loose<'a>,
     prompt_eval_count: Num,
     eval_count: Num,
-}
+});
 
 pub(super) fn interpret(json: &[u8]) -> Option<EventInfo<'_>> {
-    let o: OllamaEvent<'_> = serde_json::from_slice(json).ok()?;
-    let mut info = common(o.model, o.model_name, o.usage.as_ref(), o.error.is_some());
+    let mut o: OllamaEvent<'_> = serde_json::from_slice(json).ok()?;
+    let mut info = o.common_info();
     if let Some(m) = &o.message {
         add(&mut info, m.kind());
     }

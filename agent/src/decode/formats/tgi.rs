@@ -2,10 +2,9 @@
 //! `generated_text`) and `/generate_stream` (SSE events with one `token`
 //! each; the last carries `details`).
 
-use serde::de::IgnoredAny;
 use serde::Deserialize;
 
-use super::{add, common, Content, EventInfo, Loose, Num, Text, Usage};
+use super::{add, Content, EventInfo, Loose, Num, Text};
 
 #[derive(Deserialize, Default, Debug)]
 #[serde(default)]
@@ -22,26 +21,18 @@ struct Details<'a> {
     generated_tokens: Num,
 }
 
-#[derive(Deserialize, Default, Debug)]
-#[serde(default)]
-struct TgiEvent<'a> {
-    #[serde(borrow)]
-    model: Loose<'a>,
-    #[serde(borrow)]
-    model_name: Loose<'a>,
-    usage: Option<Usage>,
-    error: Option<IgnoredAny>,
+family_event!(TgiEvent {
     token: Option<Token>,
     generated_text: Text,
     #[serde(borrow)]
     details: Option<Details<'a>>,
-}
+});
 
 /// A stream event's token is content unless it is a special token; a
 /// non-streamed body's `generated_text` is one content part.
 pub(super) fn interpret(json: &[u8]) -> Option<EventInfo<'_>> {
-    let o: TgiEvent<'_> = serde_json::from_slice(json).ok()?;
-    let mut info = common(o.model, o.model_name, o.usage.as_ref(), o.error.is_some());
+    let mut o: TgiEvent<'_> = serde_json::from_slice(json).ok()?;
+    let mut info = o.common_info();
     if let Some(t) = &o.token {
         if t.text.0 && t.special != Some(true) {
             add(&mut info, Content::Answer);

@@ -1,26 +1,13 @@
 //! NVIDIA Triton's generate extension: `/v2/models/<m>/generate` and
 //! `…/generate_stream`, one `text_output` piece per event.
 
-use serde::de::IgnoredAny;
-use serde::Deserialize;
+use super::{add, Content, EventInfo, Text};
 
-use super::{add, common, Content, EventInfo, Loose, Text, Usage};
-
-#[derive(Deserialize, Default, Debug)]
-#[serde(default)]
-struct GenerateEvent<'a> {
-    #[serde(borrow)]
-    model: Loose<'a>,
-    #[serde(borrow)]
-    model_name: Loose<'a>,
-    usage: Option<Usage>,
-    error: Option<IgnoredAny>,
-    text_output: Text,
-}
+family_event!(GenerateEvent { text_output: Text });
 
 pub(super) fn interpret(json: &[u8]) -> Option<EventInfo<'_>> {
-    let o: GenerateEvent<'_> = serde_json::from_slice(json).ok()?;
-    let mut info = common(o.model, o.model_name, o.usage.as_ref(), o.error.is_some());
+    let mut o: GenerateEvent<'_> = serde_json::from_slice(json).ok()?;
+    let mut info = o.common_info();
     if o.text_output.0 {
         add(&mut info, Content::Answer);
     }
