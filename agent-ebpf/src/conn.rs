@@ -60,6 +60,8 @@ fn track(id: u64, fd: i32, listen_fd: i32, addr_ptr: u64, role: u8, sc: u8) {
         // struct sockaddr_in / sockaddr_in6: family u16, port be16, then
         // the IPv4 address at 4 or flowinfo at 4 and the IPv6 address at 8.
         let mut sa = [0u8; 24];
+        // SAFETY: writes exactly `sa`'s 24 bytes; the source is the traced
+        // process's memory, read by the helper (a bad pointer is an error).
         let rc = unsafe { bpf_probe_read_user(sa.as_mut_ptr().cast(), 24, addr_ptr as *const _) };
         if rc == 0 {
             let family = u16::from_ne_bytes([sa[0], sa[1]]);

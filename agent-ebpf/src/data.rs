@@ -166,6 +166,8 @@ pub(crate) fn emit(id: u64, p: &Pending, r: i64) {
         Shape::Msg => {
             // struct msghdr: msg_iov at 16, msg_iovlen at 24.
             let mut hdr = [0u64; 4];
+            // SAFETY: writes exactly `hdr`'s 32 bytes; the source is user
+            // memory, read by the helper (a bad pointer is an error).
             let rc = unsafe {
                 bpf_probe_read_user(
                     hdr.as_mut_ptr().cast(),
@@ -266,6 +268,8 @@ fn advance(s: &mut crate::maps::Scratch, w: &mut Walk) -> i64 {
             return 1;
         }
         let mut iov = [0u64; 2];
+        // SAFETY: writes exactly `iov`'s 16 bytes (one struct iovec); the
+        // source is user memory, read by the helper.
         let rc = unsafe {
             bpf_probe_read_user(
                 iov.as_mut_ptr().cast(),
@@ -292,6 +296,9 @@ fn advance(s: &mut crate::maps::Scratch, w: &mut Walk) -> i64 {
     if n > CHUNK_BYTES as u64 {
         n = CHUNK_BYTES as u64;
     }
+    // SAFETY: `at` < CHUNK_BYTES (masked) and `n` ≤ CHUNK_BYTES, so the
+    // write ends inside `s.buf` (2 * CHUNK_BYTES); the source is user
+    // memory, read by the helper (a bad pointer is an error, not a fault).
     let rc = unsafe {
         bpf_probe_read_user(
             s.buf.as_mut_ptr().add(at as usize).cast(),

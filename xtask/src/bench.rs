@@ -702,7 +702,7 @@ fn capture(secs: f64, rounds: usize) -> Result<Vec<Row>> {
     let (b, r, t, a) = (&tcp_max[0], &tcp_max[1], &tcp_max[2], &tcp_max[3]);
     let pct = |x: &[Sample]| 100.0 * med(x, Sample::rate) / med(b, Sample::rate);
     rows.push(row(
-        "write-heavy SSE server, max rate: throughput (baseline: untraced; the reference = the capture path before issue 14; tracepoint = today's syscall-tracepoint programs with batched ring reads, the fallback)",
+        "write-heavy SSE server, max rate: throughput (baseline: untraced; the reference = the earlier capture path (per-record ring reads, a wake-up every 64 records); tracepoint = today's syscall-tracepoint programs with batched ring reads, the fallback)",
         format!(
             "{:.0} writes/s; reference {:.0} ({:.1}%); tracepoint {:.0} ({:.1}%)",
             med(b, Sample::rate),
