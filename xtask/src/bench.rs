@@ -253,27 +253,34 @@ enum Hooks {
     Btf,
     Tracepoint,
     Reference,
+    /// The BTF path in the release-profile build (`cargo xtask run`'s:
+    /// no LTO), against the dist build (the image's) in the same rounds.
+    BtfRelease,
 }
 
 impl Hooks {
     fn args(self) -> Vec<String> {
         match self {
-            Hooks::Btf => vec!["--data-hooks".into(), "btf".into()],
+            Hooks::Btf | Hooks::BtfRelease => vec!["--data-hooks".into(), "btf".into()],
             Hooks::Tracepoint => vec!["--data-hooks".into(), "tracepoint".into()],
             Hooks::Reference => vec!["--capture-reference".into()],
         }
     }
     /// The binary: the reference path is only in the bench's own build.
-    fn binary(self) -> &'static str {
+    fn binary(self) -> PathBuf {
         match self {
-            Hooks::Reference => REFERENCE_BIN,
-            _ => "tokentap",
+            Hooks::Reference => bin(REFERENCE_BIN),
+            Hooks::BtfRelease => root()
+                .join("target")
+                .join(crate::Profile::Release.dir())
+                .join("tokentap"),
+            _ => bin("tokentap"),
         }
     }
     /// What the agent's ready line must say.
     fn ready(self) -> &'static str {
         match self {
-            Hooks::Btf => "data hooks btf; ready",
+            Hooks::Btf | Hooks::BtfRelease => "data hooks btf; ready",
             _ => "data hooks tracepoint; ready",
         }
     }
@@ -324,14 +331,19 @@ const REFERENCE_BIN: &str = "tokentap-reference";
 static FLOOR_OBJECT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
 
 /// What the capture bench needs beyond the shipped build: the floor
-/// tracer's object (`agent-ebpf/src/bin/floor.rs`) and the agent with the
-/// reference path (`--features bench-reference`), copied to
-/// target/dist/tokentap-reference; then the shipped agent again, so
-/// target/dist/tokentap is the binary that ships.
+/// tracer's object (`agent-ebpf/src/bin/floor.rs`), the release-profile
+/// agent, and the agent with the reference path (`--features
+/// bench-reference`), copied to target/dist/tokentap-reference; then the
+/// shipped agent again, so target/dist/tokentap is the binary that ships.
 fn capture_builds() -> Result<()> {
     let tc = crate::toolchain::ensure()?;
     let floor = crate::ebpf::build_floor(&tc)?;
     let _ = FLOOR_OBJECT.set(floor);
+    let mut cmd = crate::util::cargo();
+    cmd.args(["build", "-p", "tokentap", "--bin", "tokentap"])
+        .args(crate::Profile::Release.args())
+        .env("TOKENTAP_EBPF_OBJ", crate::ebpf::object_path());
+    crate::util::run(&mut cmd)?;
     let mut cmd = crate::util::cargo();
     cmd.args(["build", "-p", "tokentap", "--bin", "tokentap"])
         .args(["--features", "bench-reference"])
@@ -376,12 +388,12 @@ fn attach_floor() -> Result<aya::Ebpf> {
 
 /// Starts tokentap; `expect`: a text its ready line must contain.
 fn spawn_tokentap(args: &[String], expect: Option<&str>) -> Result<Spawned> {
-    spawn_agent("tokentap", args, expect)
+    spawn_agent(&bin("tokentap"), args, expect)
 }
 
-/// Starts the agent binary `name` (in target/dist).
-fn spawn_agent(name: &str, args: &[String], expect: Option<&str>) -> Result<Spawned> {
-    let mut child = Command::new(bin(name))
+/// Starts the agent binary at `path`.
+fn spawn_agent(path: &std::path::Path, args: &[String], expect: Option<&str>) -> Result<Spawned> {
+    let mut child = Command::new(path)
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -523,7 +535,7 @@ fn measure_with(workload: &[&str], tracer: Tracer, prog_stats: bool) -> Result<S
                 "--no-console".into(),
             ];
             args.extend(hooks.args());
-            Some(spawn_agent(hooks.binary(), &args, Some(hooks.ready()))?)
+            Some(spawn_agent(&hooks.binary(), &args, Some(hooks.ready()))?)
         }
     };
     let at_go = match &stats {
@@ -664,12 +676,12 @@ fn decode(secs: f64, rounds: usize) -> Result<Vec<Row>> {
 }
 
 fn capture(secs: f64, rounds: usize) -> Result<Vec<Row>> {
-    use Hooks::{Btf, Reference as Ref, Tracepoint as Tp};
+    use Hooks::{Btf, BtfRelease, Reference as Ref, Tracepoint as Tp};
     capture_builds()?;
     let s = format!("{secs}");
     let on = Tracer::AgentOnWorkload;
     let off = Tracer::AgentElsewhere;
-    let traced = [Tracer::None, on(Ref), on(Tp), on(Btf)];
+    let traced = [Tracer::None, on(Ref), on(Tp), on(Btf), on(BtfRelease)];
     let tcp_max = rounds_of(&["tcp", &s], &traced, rounds)?;
     let tcp_paced = rounds_of(&["tcp", &s, "20000"], &traced, rounds)?;
     let pipe = rounds_of(
@@ -755,8 +767,19 @@ fn capture(secs: f64, rounds: usize) -> Result<Vec<Row>> {
             med(set, |s| s.agent_rss_kib) / 1024.0,
         )
     };
-    for (name, set) in [("max rate", &tcp_max[3]), ("20k writes/s", &tcp_paced[3])] {
+    for (name, set, release) in [
+        ("max rate", &tcp_max[3], &tcp_max[4]),
+        ("20k writes/s", &tcp_paced[3], &tcp_paced[4]),
+    ] {
         let (ev_s, cpu, rss) = per10k(set);
+        let (rel_ev_s, rel_cpu, _) = per10k(release);
+        rows.push(row(
+            format!("same, {name}: the release-profile agent (`cargo xtask run`'s build, no LTO) against the dist build (the image's, fat LTO), same rounds"),
+            format!("dist {cpu:.2}% of a core per 10k events/s ({ev_s:.0} events/s)"),
+            format!("release {rel_cpu:.2}% per 10k events/s ({rel_ev_s:.0} events/s)"),
+            format!("release/dist {:.2}×", rel_cpu / cpu),
+            "–",
+        ));
         rows.push(row(
             format!("agent cost at the SSE server's {name} ({ev_s:.0} events/s), BTF path"),
             "–",

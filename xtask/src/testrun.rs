@@ -97,6 +97,14 @@ pub fn test(args: Vec<String>) -> Result<()> {
         bail!("cargo test failed");
     }
     if args.is_empty() {
+        // The capture bench's own build (the reference path behind the
+        // `bench-reference` feature): its unit tests, so the code the
+        // shipped binary leaves out keeps compiling and keeps its flags.
+        let mut bench_build = util::cargo();
+        bench_build
+            .args(["test", "-p", "tokentap", "--lib", "--features", "bench-reference"])
+            .env("TOKENTAP_EBPF_OBJ", &obj);
+        util::run(&mut bench_build).context("the bench-reference build's unit tests")?;
         // A short coverage-guided run over the decoder is part of the suite.
         fuzz::run(FUZZ_SECS_IN_TEST)?;
     }

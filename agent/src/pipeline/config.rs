@@ -45,6 +45,10 @@ pub struct ConfigFile {
     pub events: timeline::Config,
 }
 
+/// Long options of `run` a config file may not set: the file itself, help,
+/// and the bench build's reference path.
+const NOT_IN_FILE: [&str; 3] = ["config", "help", "capture-reference"];
+
 /// What the command line gave, per long option name.
 pub trait Given {
     /// Whether the option was on the command line (not a default or an
@@ -94,12 +98,16 @@ impl ConfigFile {
     /// line wins; lists are joined, the file's first. Every key is checked
     /// on its own, so an error names the file, the key and why.
     pub fn apply(&self, flags: &mut RunFlags, given: &dyn Given) -> Result<()> {
+        if self.options.is_empty() {
+            return Ok(());
+        }
         let path = self.path.display();
         let mut merged = toml::Table::try_from(&*flags)
             .context("reading the command line's options as a table")?;
         for (key, value) in &self.options {
             let name = key.replace('_', "-");
-            let Some(arg) = run_option(&name).filter(|_| name != "config" && name != "help") else {
+            let Some(arg) = run_option(&name).filter(|_| !NOT_IN_FILE.contains(&name.as_str()))
+            else {
                 bail!("config file {path}: unknown option `{key}` (the keys are `tokentap run` long option names, see `tokentap run --help`; tables: [[{}]], [{}])",
                     request_type::CONFIG_KEY, timeline::config::CONFIG_KEY);
             };
@@ -137,10 +145,16 @@ impl ConfigFile {
             };
             merged.insert(name, joined);
         }
-        let config = flags.config.take();
-        *flags = RunFlags::deserialize(toml::Value::Table(merged))
+        let mut merged = RunFlags::deserialize(toml::Value::Table(merged))
             .map_err(|e| anyhow::anyhow!("config file {path}: {}", e.message().trim()))?;
-        flags.config = config;
+        // The fields no file may set (serde skips them) keep the command
+        // line's values.
+        merged.config = flags.config.take();
+        #[cfg(feature = "bench-reference")]
+        {
+            merged.kernel.capture_reference = flags.kernel.capture_reference;
+        }
+        *flags = merged;
         Ok(())
     }
 }
@@ -199,6 +213,18 @@ mod tests {
         let f = merged("data-hooks = \"tracepoint\"\nmax-conns = 7\n", &[]).unwrap();
         assert_eq!(f.kernel.data_hooks, crate::capture::DataHooks::Tracepoint);
         assert_eq!(f.kernel.max_conns, 7);
+    }
+
+    #[test]
+    fn fields_no_file_may_set_keep_the_command_lines_values() {
+        let f = merged("no-console = true\n", &["--config", "c.toml"]).unwrap();
+        assert_eq!(f.config.as_deref(), Some(Path::new("c.toml")));
+        assert!(f.no_console);
+        #[cfg(feature = "bench-reference")]
+        {
+            let f = merged("no-console = true\n", &["--capture-reference"]).unwrap();
+            assert!(f.kernel.capture_reference);
+        }
     }
 
     #[test]
@@ -297,7 +323,7 @@ mod tests {
         let longs: HashSet<String> = RunFlags::augment_args(clap::Command::new("run"))
             .get_arguments()
             .filter_map(|a| a.get_long().map(str::to_string))
-            .filter(|l| l != "config" && l != "help")
+            .filter(|l| !NOT_IN_FILE.contains(&l.as_str()))
             .collect();
         // Every option that has no default set, so that every field is in
         // the table (a new optional flag must be added here).
