@@ -100,9 +100,13 @@ pub fn test(args: Vec<String>) -> Result<()> {
         // The capture bench's own build (the reference path behind the
         // `bench-reference` feature): its unit tests, so the code the
         // shipped binary leaves out keeps compiling and keeps its flags.
+        // The whole workspace's libraries, so dependencies keep the
+        // features the suite built them with (nothing but the agent is
+        // rebuilt).
         let mut bench_build = util::cargo();
         bench_build
-            .args(["test", "-p", "tokentap", "--lib", "--features", "bench-reference"])
+            .args(["test", "--workspace", "--lib"])
+            .args(["--features", "tokentap/bench-reference"])
             .env("TOKENTAP_EBPF_OBJ", &obj);
         util::run(&mut bench_build).context("the bench-reference build's unit tests")?;
         // A short coverage-guided run over the decoder is part of the suite.

@@ -504,7 +504,10 @@ impl Capture {
             &mut ebpf,
             kernel_log::KernelLog::new(kernel_reports.clone()),
         )
-        .context("reading the kernel programs' reports (aya-log's AYA_LOGS map)")?;
+        .context(
+            "reading the kernel programs' reports (aya-log's AYA_LOGS map; an object \
+             built before them has none: rebuild with `cargo xtask build`)",
+        )?;
         let mut cap = Self {
             ring,
             st,

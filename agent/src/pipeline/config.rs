@@ -139,7 +139,9 @@ impl ConfigFile {
             ) {
                 (false, _, _, _) => value,
                 (true, true, Some(toml::Value::Array(cli)), toml::Value::Array(file)) => {
-                    toml::Value::Array(file.iter().chain(cli).cloned().collect())
+                    // The file's first; a value both give is kept once.
+                    let from_cli = cli.iter().filter(|v| !file.contains(v));
+                    toml::Value::Array(file.iter().chain(from_cli).cloned().collect())
                 }
                 (true, _, _, _) => continue,
             };
@@ -201,10 +203,10 @@ mod tests {
     fn the_command_line_wins_and_lists_are_joined_file_first() {
         let f = merged(
             "pid = [1, 2]\nno-console = true\nexport_interval = 2.5\nexponential-histograms = false\ntenant-header = \"X-Org\"\ngpu-interval = 3\n",
-            &["--export-interval", "3", "--pid", "9", "--tenant-header", "X-T"],
+            &["--export-interval", "3", "--pid", "9", "--pid", "2", "--tenant-header", "X-T"],
         )
         .unwrap();
-        assert_eq!(f.pids, vec![1, 2, 9]);
+        assert_eq!(f.pids, vec![1, 2, 9], "joined, each once");
         assert!(f.no_console && !f.exponential_histograms);
         assert_eq!((f.export_interval, f.gpu_interval), (3.0, 3.0));
         assert_eq!(f.tenant_headers, ["X-Org", "X-T"]);
