@@ -94,6 +94,13 @@ pub struct RequestRecord {
     /// Time the request waited in the socket before the engine read its
     /// first byte (s): first read − arrival. Null when t0 is the read.
     pub queue_s: Option<f64>,
+    /// The protocol the request came in: `http/1.1`, `h2` (HTTP/2, any
+    /// API but gRPC) or `grpc`.
+    pub protocol: Option<&'static str>,
+    /// The request's own id where the protocol carries one: Triton's `id`,
+    /// vLLM's and SGLang's gRPC `request_id`, the `x-request-id` header,
+    /// else the OpenAI response `id` (bounded to 128 bytes).
+    pub request_id: Option<String>,
     /// The serving engine's GPUs (UUIDs), from the GPU join; null when GPU
     /// sampling is off or the engine has no process on a GPU.
     pub gpu_uuids: Option<Vec<String>>,

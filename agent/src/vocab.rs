@@ -10,35 +10,56 @@ pub const OTHER: &str = "other";
 
 /// Why a request failed (`error_type` in the request log, `error.type` on
 /// metrics): written by the decoder, matched by the detectors.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ErrorType {
     /// The engine answered 429 Too Many Requests.
-    #[serde(rename = "http_429")]
     Http429,
     /// Any other 4xx status.
-    #[serde(rename = "http_4xx")]
     Http4xx,
     /// A 5xx status.
-    #[serde(rename = "http_5xx")]
     Http5xx,
     /// A 200 stream that carried an error event.
-    #[serde(rename = "stream_error")]
     StreamError,
     /// The client closed its connection before the answer ended.
-    #[serde(rename = "client_disconnect")]
     ClientDisconnect,
     /// The engine closed or reset the connection mid-answer.
-    #[serde(rename = "upstream_reset")]
     UpstreamReset,
     /// The capture ended (or lost bytes) before the answer did.
-    #[serde(rename = "truncated_capture")]
     TruncatedCapture,
     /// The connection switched to a protocol the decoder does not follow.
-    #[serde(rename = "unsupported_protocol")]
     UnsupportedProtocol,
     /// The bytes stopped making sense as the protocol (nothing was lost).
-    #[serde(rename = "decode_error")]
     DecodeError,
+    /// A gRPC call ended with this non-zero `grpc-status` (CANCELLED by
+    /// the client is `client_disconnect`): `grpc_<code name>`, lowercase.
+    Grpc(u8),
+}
+
+/// gRPC status code names (grpc/doc/statuscodes.md), lowercase, 0–16.
+const GRPC_CODES: [&str; 17] = [
+    "grpc_ok",
+    "grpc_cancelled",
+    "grpc_unknown",
+    "grpc_invalid_argument",
+    "grpc_deadline_exceeded",
+    "grpc_not_found",
+    "grpc_already_exists",
+    "grpc_permission_denied",
+    "grpc_resource_exhausted",
+    "grpc_failed_precondition",
+    "grpc_aborted",
+    "grpc_out_of_range",
+    "grpc_unimplemented",
+    "grpc_internal",
+    "grpc_unavailable",
+    "grpc_data_loss",
+    "grpc_unauthenticated",
+];
+
+impl serde::Serialize for ErrorType {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
 }
 
 impl ErrorType {
@@ -54,6 +75,8 @@ impl ErrorType {
             ErrorType::TruncatedCapture => "truncated_capture",
             ErrorType::UnsupportedProtocol => "unsupported_protocol",
             ErrorType::DecodeError => "decode_error",
+            // Codes past 16 are not gRPC's: one bucket.
+            ErrorType::Grpc(c) => GRPC_CODES.get(usize::from(c)).unwrap_or(&"grpc_unknown"),
         }
     }
 }
@@ -80,11 +103,14 @@ mod tests {
             ErrorType::TruncatedCapture,
             ErrorType::UnsupportedProtocol,
             ErrorType::DecodeError,
+            ErrorType::Grpc(5),
         ] {
             assert_eq!(
                 serde_json::to_string(&e).unwrap(),
                 format!("\"{}\"", e.as_str())
             );
         }
+        assert_eq!(ErrorType::Grpc(14).as_str(), "grpc_unavailable");
+        assert_eq!(ErrorType::Grpc(99).as_str(), "grpc_unknown");
     }
 }

@@ -40,6 +40,18 @@ impl Body {
         }
     }
 
+    /// Whether this is a whole (non-stream) body, kept to be read at its end.
+    pub fn is_plain(&self) -> bool {
+        matches!(self, Body::Plain { .. })
+    }
+
+    /// Bytes of a plain body were not kept: it is not read at its end.
+    pub fn cut(&mut self) {
+        if let Body::Plain { complete, .. } = self {
+            *complete = false;
+        }
+    }
+
     /// Heap bytes held.
     pub fn buffered(&self) -> usize {
         match self {

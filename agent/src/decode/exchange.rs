@@ -51,6 +51,12 @@ pub struct Exchange {
     /// When the request's first byte reached the socket (kernel receive
     /// path), when known.
     pub t_arrival: Option<u64>,
+    /// `http/1.1`, `h2` or `grpc`.
+    pub protocol: &'static str,
+    /// The request's id where the protocol has one: Triton's `id`, the
+    /// `x-request-id` header, vLLM's/SGLang's `request_id`, else the
+    /// response's OpenAI `id` (bounded).
+    pub request_id: Option<String>,
     /// The response called a tool.
     tool_calls: bool,
     first_content_ns: Option<u64>,
@@ -103,6 +109,8 @@ impl Exchange {
             types: None,
             prompt_fp: None,
             t_arrival: None,
+            protocol: "http/1.1",
+            request_id: None,
             tool_calls: false,
             first_content_ns: None,
             first_reasoning_ns: None,
@@ -141,6 +149,11 @@ impl Exchange {
             t0_ns: self.t0_ns,
             content_events: self.content_events,
         }
+    }
+
+    /// Content-bearing stream events so far.
+    pub fn content_events(&self) -> u64 {
+        self.content_events
     }
 
     /// Whether the stream's end marker has been written.
@@ -182,6 +195,11 @@ impl Exchange {
 
     fn absorb(&mut self, info: EventInfo<'_>) {
         self.tool_calls |= info.tool_calls || info.content == Content::Tool;
+        if self.request_id.is_none() {
+            if let Some(id) = info.response_id {
+                self.request_id = crate::identity::caller::bounded_value(id.as_bytes());
+            }
+        }
         if let Some(m) = info.model {
             if self.response_model.as_deref() != Some(m.as_ref()) {
                 self.response_model = Some(m.into_owned());
@@ -319,6 +337,8 @@ impl Exchange {
             },
             t0_ns: t0,
             t0_source: Some(t0_source),
+            protocol: Some(self.protocol),
+            request_id: self.request_id,
             queue_s,
             gpu_uuids: None,
             gpu_util_avg: None,
@@ -345,7 +365,10 @@ fn endpoint(f: Format) -> Endpoint {
         | Format::LlamaCppCompletion
         | Format::TgiGenerate
         | Format::OllamaGenerate
-        | Format::TritonGenerate => Endpoint::Completion,
+        | Format::TritonGenerate
+        | Format::TritonGrpc
+        | Format::VllmGrpc
+        | Format::SglangGrpc => Endpoint::Completion,
         Format::OpenAiEmbeddings => Endpoint::Embedding,
         Format::Unknown => Endpoint::Other,
     }

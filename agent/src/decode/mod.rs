@@ -25,7 +25,9 @@ pub mod arrival;
 pub mod body;
 pub mod exchange;
 pub mod formats;
+pub mod grpc;
 pub mod http1;
+pub mod http2;
 pub mod stream;
 
 use std::{collections::HashMap, sync::Arc};
@@ -33,6 +35,7 @@ use std::{collections::HashMap, sync::Arc};
 use serde::Serialize;
 
 use self::http1::Http1Conn;
+use self::http2::Http2Conn;
 use crate::identity::{caller::CallerConfig, request_type::Rules};
 use crate::selftraffic::Marker;
 use crate::{
@@ -79,6 +82,17 @@ pub struct DecodeStats {
     /// Their bytes are skipped until a request starts; whatever was in
     /// flight on them is not a decode error.
     pub joined: u64,
+    /// Connections decoded as HTTP/2 (prior knowledge, or recognised by
+    /// their frames when joined mid-way).
+    pub http2: u64,
+    /// HTTP/2 header fields that referred to a header-table entry the
+    /// decoder never saw (a connection joined mid-way).
+    pub unresolved_headers: u64,
+    /// HTTP/2 connections dropped from decoding, by reason (also counted
+    /// in `desyncs`).
+    pub http2_dropped: std::collections::BTreeMap<&'static str, u64>,
+    /// What gRPC decoding counted.
+    pub grpc: grpc::GrpcCounts,
 }
 
 /// What the decoder keeps of each request besides its timing and sizes:
@@ -198,6 +212,21 @@ impl Out<'_> {
     /// Whether a request's own-traffic header value is this run's token.
     pub fn is_self(&self, header: Option<&[u8]>) -> bool {
         matches!((self.self_marker, header), (Some(m), Some(v)) if m.matches(v))
+    }
+
+    /// Gives a new exchange what its request's headers say about who
+    /// sent it, and the request-type rules.
+    pub fn identify(&self, x: &mut exchange::Exchange, id: http1::head::HeadIdentity) {
+        x.self_request = self.is_self(id.self_marker.as_deref());
+        x.tenant_header = id.tenant;
+        x.api_key_id = id.api_key_id;
+        x.rule_headers = id.rule_headers;
+        if x.request_id.is_none() {
+            x.request_id = id.request_id;
+        }
+        if !self.identity.types.is_empty() {
+            x.types = Some(self.identity.types.clone());
+        }
     }
 
     /// A new exchange's number (unique in this decoder).
@@ -322,8 +351,41 @@ fn is_http2_settings(data: &[u8]) -> bool {
 enum Proto {
     Sniffing(Sniff),
     Http1(Http1Conn),
+    Http2(Box<Http2Conn>),
     /// Counted once, then ignored.
     Unsupported,
+}
+
+impl Proto {
+    /// A decoding machine's call.
+    fn on_data(&mut self, conn: &ConnInfo, out: &mut Out<'_>, p: Piece<'_>) -> Flow {
+        match self {
+            Proto::Http1(h) => h.on_data(conn, out, p),
+            Proto::Http2(h) => h.on_data(conn, out, p),
+            Proto::Sniffing(_) | Proto::Unsupported => Flow::Continue,
+        }
+    }
+
+    /// The connection ended: `close` by the traced process, `abandon` (fd
+    /// reused), or the input's end (`finish`).
+    fn end(self, how: End, out: &mut Out<'_>) {
+        match (self, how) {
+            (Proto::Http1(h), End::Close(ts)) => h.close(ts, out),
+            (Proto::Http1(h), End::Abandon(ts)) => h.abandon(ts, out),
+            (Proto::Http1(h), End::Finish) => h.finish(out),
+            (Proto::Http2(h), End::Close(ts)) => h.close(ts, out),
+            (Proto::Http2(h), End::Abandon(ts)) => h.abandon(ts, out),
+            (Proto::Http2(h), End::Finish) => h.finish(out),
+            _ => {}
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+enum End {
+    Close(u64),
+    Abandon(u64),
+    Finish,
 }
 
 struct Conn {
@@ -395,6 +457,7 @@ impl Decoder {
             .map(|c| match &c.proto {
                 Proto::Sniffing(s) => s.len,
                 Proto::Http1(h) => h.buffered(),
+                Proto::Http2(h) => h.buffered(),
                 Proto::Unsupported => 0,
             })
             .sum()
@@ -412,6 +475,7 @@ impl Decoder {
             .values()
             .map(|c| match &c.proto {
                 Proto::Http1(h) => h.in_flight(),
+                Proto::Http2(h) => h.in_flight(),
                 Proto::Sniffing(_) | Proto::Unsupported => 0,
             })
             .sum()
@@ -420,8 +484,10 @@ impl Decoder {
     /// Every request in flight now (for the GPU join's energy split).
     pub fn in_flight_requests(&self, out: &mut Vec<crate::record::InFlight>) {
         for c in self.conns.values() {
-            if let Proto::Http1(h) = &c.proto {
-                h.each_in_flight(&mut |x| out.push(x));
+            match &c.proto {
+                Proto::Http1(h) => h.each_in_flight(&mut |x| out.push(x)),
+                Proto::Http2(h) => h.each_in_flight(&mut |x| out.push(x)),
+                _ => {}
             }
         }
     }
@@ -450,12 +516,8 @@ impl Decoder {
                 let key = (o.pid, o.fd);
                 // A reused fd: whatever was pending on the old connection
                 // ended without a close event.
-                if let Some(Conn {
-                    proto: Proto::Http1(old),
-                    ..
-                }) = conns.remove(&key)
-                {
-                    old.abandon(o.ts_ns, &mut out);
+                if let Some(old) = conns.remove(&key) {
+                    old.proto.end(End::Abandon(o.ts_ns), &mut out);
                 }
                 let (server_port, client) = match o.role {
                     Role::Server => (o.local.map(|a| a.port()), o.peer.map(|a| a.to_string())),
@@ -478,9 +540,7 @@ impl Decoder {
                     if let Some((port, peer)) = conn.addr {
                         arrivals.release(port, peer, (c.pid, c.fd));
                     }
-                    if let Proto::Http1(h) = conn.proto {
-                        h.close(c.ts_ns, &mut out);
-                    }
+                    conn.proto.end(End::Close(c.ts_ns), &mut out);
                 }
             }
             SocketEvent::Arrival(a) => {
@@ -527,12 +587,8 @@ impl Decoder {
             tls_servers: &mut self.tls_servers,
         };
         for k in keys {
-            if let Some(Conn {
-                proto: Proto::Http1(h),
-                ..
-            }) = self.conns.remove(&k)
-            {
-                h.finish(&mut out);
+            if let Some(c) = self.conns.remove(&k) {
+                c.proto.end(End::Finish, &mut out);
             }
         }
     }
@@ -545,31 +601,45 @@ fn on_data(conn: &mut Conn, d: &DataEvent, out: &mut Out<'_>) {
         arrival: ledger.map(|l| arrival::At { ledger: l, skip: 0 }),
         ..Piece::of(d)
     };
+    // A connection joined mid-way that turns out to carry HTTP/2 frames
+    // (a long-lived gRPC channel): decoded from its next frame boundary.
+    if let Proto::Http1(h) = &conn.proto {
+        if h.is_joining() && d.ret > 0 && http2::frame::find_boundary(&d.data).is_some() {
+            out.stats.http2 += 1;
+            conn.proto = Proto::Http2(Box::new(Http2Conn::joined()));
+        }
+    }
     // Request bytes the sniffer held and hands over now (read before this
     // call, not yet taken from the ledger).
     let mut replayed = 0usize;
     let flow = match &mut conn.proto {
         Proto::Http1(h) => h.on_data(&conn.info, out, piece),
+        Proto::Http2(h) => h.on_data(&conn.info, out, piece),
         Proto::Unsupported => Flow::Continue,
         Proto::Sniffing(s) => match s.look(conn.info.request_dir(), d) {
             Sniffed::Wait => Flow::Continue,
-            Sniffed::Http2 => Flow::Unsupported,
             Sniffed::Tls => Flow::Tls,
-            Sniffed::Http1 => {
+            sniffed @ (Sniffed::Http1 | Sniffed::Http2) => {
                 let (held, len, first_ns) = (s.held, s.len, s.first_ns);
-                // A joined connection whose held bytes (`P`) and this call's
-                // start a request line together is in step already.
-                let resynced = len > 0 && {
-                    let mut start = held[..len].to_vec();
-                    if d.dir == conn.info.request_dir() {
-                        start.extend_from_slice(&d.data[..d.data.len().min(16)]);
-                    }
-                    http1::head::looks_like_request(&start)
-                };
-                let mut h = if conn.joined && !resynced {
-                    Http1Conn::joining()
+                let mut proto = if matches!(sniffed, Sniffed::Http2) {
+                    out.stats.http2 += 1;
+                    Proto::Http2(Box::default())
                 } else {
-                    Http1Conn::default()
+                    // A joined connection whose held bytes (`P`) and this
+                    // call's start a request line together is in step
+                    // already.
+                    let resynced = len > 0 && {
+                        let mut start = held[..len].to_vec();
+                        if d.dir == conn.info.request_dir() {
+                            start.extend_from_slice(&d.data[..d.data.len().min(16)]);
+                        }
+                        http1::head::looks_like_request(&start)
+                    };
+                    Proto::Http1(if conn.joined && !resynced {
+                        Http1Conn::joining()
+                    } else {
+                        Http1Conn::default()
+                    })
                 };
                 let mut flow = Flow::Continue;
                 if len > 0 {
@@ -586,7 +656,7 @@ fn on_data(conn: &mut Conn, d: &DataEvent, out: &mut Out<'_>) {
                             .as_ref()
                             .map(|l| arrival::At { ledger: l, skip: 0 }),
                     };
-                    flow = h.on_data(&conn.info, out, early);
+                    flow = proto.on_data(&conn.info, out, early);
                     replayed = len;
                 }
                 if flow == Flow::Continue {
@@ -597,9 +667,9 @@ fn on_data(conn: &mut Conn, d: &DataEvent, out: &mut Out<'_>) {
                         }),
                         ..piece
                     };
-                    flow = h.on_data(&conn.info, out, piece);
+                    flow = proto.on_data(&conn.info, out, piece);
                 }
-                conn.proto = Proto::Http1(h);
+                conn.proto = proto;
                 flow
             }
         },
@@ -687,7 +757,8 @@ mod tests {
     }
 
     /// An h2c prior-knowledge conversation: preface + SETTINGS, the
-    /// server's SETTINGS, a HEADERS frame, then a close.
+    /// server's SETTINGS, a `GET /` on stream 1 answered `200` (HPACK
+    /// static-table fields only), then a close.
     fn http2_conversation(preface_pieces: &[&[u8]]) -> Vec<SocketEvent> {
         let mut evs = vec![open(Role::Server)];
         for (i, p) in preface_pieces.iter().enumerate() {
@@ -696,18 +767,32 @@ mod tests {
         let settings = [0u8, 0, 6, 4, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 100];
         evs.push(data(50, Dir::In, &settings));
         evs.push(data(51, Dir::Out, &settings));
-        evs.push(data(52, Dir::In, b"\0\0\x05\x01\x04\0\0\0\x01POST "));
-        evs.push(data(53, Dir::In, b"GET / HTTP/1.1\r\n\r\n"));
-        evs.push(data(54, Dir::Out, b"\0\0\0\x04\x01\0\0\0\0"));
+        // HEADERS, END_STREAM | END_HEADERS: :method GET, :path /, :scheme http.
+        evs.push(data(52, Dir::In, b"\0\0\x03\x01\x05\0\0\0\x01\x82\x84\x86"));
+        // SETTINGS ACK, then HEADERS :status 200 ending the stream.
+        evs.push(data(
+            54,
+            Dir::Out,
+            b"\0\0\0\x04\x01\0\0\0\0\0\0\x01\x01\x05\0\0\0\x01\x88",
+        ));
         evs.push(close(60));
         evs
     }
 
+    fn is_the_get(out: &[Finished]) -> bool {
+        matches!(out, [f] if f.record.status == Some(200)
+            && f.record.method == "GET"
+            && f.record.path == "/"
+            && f.record.protocol == Some("h2")
+            && f.record.error_type.is_none())
+    }
+
     #[test]
-    fn an_http2_preface_is_counted_once_and_the_connection_ignored() {
+    fn an_http2_preface_starts_http2_decoding_and_its_stream_is_recorded() {
         let (d, out) = run(&http2_conversation(&[HTTP2_PREFACE]));
-        assert!(out.is_empty(), "{out:#?}");
-        assert_eq!(d.stats.unsupported_protocol, 1);
+        assert!(is_the_get(&out), "{out:#?}");
+        assert_eq!(d.stats.http2, 1);
+        assert_eq!(d.stats.unsupported_protocol, 0);
         assert_eq!(d.stats.desyncs, 0);
         assert_eq!(d.stats.orphan_responses, 0);
         assert_eq!(d.buffered_bytes(), 0);
@@ -717,19 +802,14 @@ mod tests {
     fn an_http2_preface_split_byte_by_byte_is_still_recognised() {
         let pieces: Vec<&[u8]> = HTTP2_PREFACE.chunks(1).collect();
         let (d, out) = run(&http2_conversation(&pieces));
-        assert!(out.is_empty(), "{out:#?}");
-        assert_eq!(d.stats.unsupported_protocol, 1);
-        assert_eq!(d.stats.desyncs, 0);
+        assert!(is_the_get(&out), "{out:#?}");
+        assert_eq!((d.stats.http2, d.stats.desyncs), (1, 0));
         // Every cut in two pieces as well.
         for cut in 1..HTTP2_PREFACE.len() {
             let (a, b) = HTTP2_PREFACE.split_at(cut);
             let (d, out) = run(&http2_conversation(&[a, b]));
-            assert!(out.is_empty(), "cut {cut}");
-            assert_eq!(
-                (d.stats.unsupported_protocol, d.stats.desyncs),
-                (1, 0),
-                "cut {cut}"
-            );
+            assert!(is_the_get(&out), "cut {cut}: {out:#?}");
+            assert_eq!((d.stats.http2, d.stats.desyncs), (1, 0), "cut {cut}");
         }
     }
 
@@ -743,7 +823,7 @@ mod tests {
             close(3),
         ]);
         assert!(out.is_empty());
-        assert_eq!((d.stats.unsupported_protocol, d.stats.desyncs), (1, 0));
+        assert_eq!((d.stats.http2, d.stats.desyncs), (1, 0));
         // An ACK, or a short frame, is not a server's opening.
         assert!(!is_http2_settings(&[0, 0, 0, 4, 1, 0, 0, 0, 0]));
         assert!(!is_http2_settings(&settings[..12]));
@@ -1060,6 +1140,6 @@ mod tests {
         ]);
         assert_eq!(out.len(), 1);
         assert_eq!(out[0].record.status, Some(204));
-        assert_eq!(d.stats.unsupported_protocol, 1);
+        assert_eq!(d.stats.http2, 1);
     }
 }

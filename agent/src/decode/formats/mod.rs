@@ -31,11 +31,25 @@ pub enum Format {
     OllamaGenerate,
     LlamaCppCompletion,
     TritonGenerate,
+    /// Triton's gRPC `ModelInfer` / `ModelStreamInfer` (protobuf, read by
+    /// `decode::grpc`, never by `interpret`).
+    TritonGrpc,
+    /// vLLM's gRPC `Generate` (`vllm.grpc.engine.VllmEngine`).
+    VllmGrpc,
+    /// SGLang's gRPC `Generate` (`sglang.grpc.scheduler.SglangScheduler`).
+    SglangGrpc,
     Unknown,
 }
 
 impl Format {
     pub fn from_path(path: &str) -> Format {
+        match path {
+            "/inference.GRPCInferenceService/ModelInfer"
+            | "/inference.GRPCInferenceService/ModelStreamInfer" => return Format::TritonGrpc,
+            "/vllm.grpc.engine.VllmEngine/Generate" => return Format::VllmGrpc,
+            "/sglang.grpc.scheduler.SglangScheduler/Generate" => return Format::SglangGrpc,
+            _ => {}
+        }
         let p = path
             .split(['?', '#'])
             .next()
@@ -74,7 +88,12 @@ impl Format {
             Format::OpenAiCompletions | Format::LlamaCppCompletion => "text_completion",
             Format::OpenAiEmbeddings => "embeddings",
             Format::OpenAiResponses => "responses",
-            Format::TgiGenerate | Format::OllamaGenerate | Format::TritonGenerate => "generate",
+            Format::TgiGenerate
+            | Format::OllamaGenerate
+            | Format::TritonGenerate
+            | Format::TritonGrpc
+            | Format::VllmGrpc
+            | Format::SglangGrpc => "generate",
             Format::Unknown => return None,
         })
     }
@@ -86,7 +105,9 @@ impl Format {
             Format::TgiGenerate => Some(Engine::Tgi),
             Format::OllamaChat | Format::OllamaGenerate => Some(Engine::Ollama),
             Format::LlamaCppCompletion => Some(Engine::LlamaCpp),
-            Format::TritonGenerate => Some(Engine::Triton),
+            Format::TritonGenerate | Format::TritonGrpc => Some(Engine::Triton),
+            Format::VllmGrpc => Some(Engine::Vllm),
+            Format::SglangGrpc => Some(Engine::Sglang),
             _ => None,
         }
     }
@@ -198,6 +219,8 @@ pub struct EventInfo<'a> {
     pub end_of_stream: bool,
     /// A tool call, even in an event whose content reads as an answer.
     pub tool_calls: bool,
+    /// The response's own id (OpenAI `id`), borrowed from the event.
+    pub response_id: Option<Cow<'a, str>>,
 }
 
 impl Default for EventInfo<'_> {
@@ -212,6 +235,7 @@ impl Default for EventInfo<'_> {
             error: false,
             end_of_stream: false,
             tool_calls: false,
+            response_id: None,
         }
     }
 }
@@ -506,6 +530,8 @@ pub fn interpret(format: Format, json: &[u8]) -> Option<EventInfo<'_>> {
         Format::OllamaChat | Format::OllamaGenerate => ollama::interpret(json),
         Format::LlamaCppCompletion => llamacpp::interpret(json),
         Format::TritonGenerate => triton::interpret(json),
+        // Protobuf: `decode::grpc` reads these.
+        Format::TritonGrpc | Format::VllmGrpc | Format::SglangGrpc => None,
     }
 }
 

@@ -107,6 +107,8 @@ impl<'de: 'a, 'a> Deserialize<'de> for Choices<'a> {
 #[serde(default)]
 struct OpenAiObj<'a> {
     #[serde(borrow)]
+    id: Loose<'a>,
+    #[serde(borrow)]
     model: Loose<'a>,
     #[serde(borrow)]
     choices: Option<Choices<'a>>,
@@ -156,11 +158,12 @@ fn fast_chat_chunk(json: &[u8]) -> Option<EventInfo<'_>> {
     }
     const DELTA: &[u8] = b"\"delta\":{";
     const MODEL: &[u8] = b"\"model\":";
-    let (mut delta, mut model_at) = (None, None);
+    const ID: &[u8] = b"\"id\":";
+    let (mut delta, mut model_at, mut id_at) = (None, None, None);
     for q in Quotes::new(json) {
         let rest = &json[q..];
         let Some(&c) = rest.get(1) else { break };
-        if !matches!(c, b'd' | b'm' | b'u' | b't' | b'r' | b'e' | b'f') {
+        if !matches!(c, b'd' | b'm' | b'u' | b't' | b'r' | b'e' | b'f' | b'i') {
             continue;
         }
         if rest.starts_with(DELTA) {
@@ -169,6 +172,10 @@ fn fast_chat_chunk(json: &[u8]) -> Option<EventInfo<'_>> {
             }
         } else if rest.starts_with(MODEL) {
             if model_at.replace(q + MODEL.len()).is_some() {
+                return None;
+            }
+        } else if rest.starts_with(ID) {
+            if id_at.replace(q + ID.len()).is_some() {
                 return None;
             }
         } else if let Some(k) = SLOW_KEYS.iter().find(|k| rest.starts_with(k)) {
@@ -197,21 +204,21 @@ fn fast_chat_chunk(json: &[u8]) -> Option<EventInfo<'_>> {
     if text.first().is_none_or(|&b| b == b'"') {
         return None;
     }
-    let model = match model_at {
-        None => None,
-        Some(at) => {
-            let rest = json[at..].strip_prefix(b"\"")?;
-            let end = memchr::memchr2(b'"', b'\\', rest)?;
-            if rest[end] != b'"' {
-                return None; // an escape: let serde unescape it
-            }
-            Some(Cow::Borrowed(std::str::from_utf8(&rest[..end]).ok()?))
+    // A plain string value (an escape, or another type: serde reads it).
+    let string_at = |at: Option<usize>| -> Option<Option<Cow<'_, str>>> {
+        let Some(at) = at else { return Some(None) };
+        let rest = json[at..].strip_prefix(b"\"")?;
+        let end = memchr::memchr2(b'"', b'\\', rest)?;
+        if rest[end] != b'"' {
+            return None;
         }
+        Some(Some(Cow::Borrowed(std::str::from_utf8(&rest[..end]).ok()?)))
     };
     Some(EventInfo {
         content: Content::Answer,
         content_parts: 1,
-        model,
+        model: string_at(model_at)?,
+        response_id: string_at(id_at)?,
         ..EventInfo::default()
     })
 }
@@ -290,6 +297,7 @@ fn serde_interpret(format: Format, json: &[u8]) -> Option<EventInfo<'_>> {
     let o: OpenAiObj<'_> = serde_json::from_slice(json).ok()?;
     let mut info = EventInfo {
         model: o.model.0,
+        response_id: o.id.0,
         error: o.error.is_some(),
         ..EventInfo::default()
     };

@@ -38,6 +38,15 @@ pub trait Head: Sized {
 pub struct RequestHead {
     pub method: String,
     pub path: String,
+    pub identity: HeadIdentity,
+    /// `None`: no body (neither Content-Length nor chunked).
+    pub framing: Option<Framing>,
+}
+
+/// What a request's headers say about who sent it, whatever protocol
+/// carried them (HTTP/1 heads, HTTP/2 header blocks).
+#[derive(Clone, Debug, Default)]
+pub struct HeadIdentity {
     /// The value of the agent's own-traffic header, if present
     /// (`crate::selftraffic`).
     pub self_marker: Option<Vec<u8>>,
@@ -48,8 +57,34 @@ pub struct RequestHead {
     pub api_key_id: Option<String>,
     /// (lowercase name, bounded value) of headers request-type rules name.
     pub rule_headers: Vec<(String, String)>,
-    /// `None`: no body (neither Content-Length nor chunked).
-    pub framing: Option<Framing>,
+    /// The `x-request-id` header (bounded).
+    pub request_id: Option<String>,
+}
+
+impl HeadIdentity {
+    /// Reads the headers through `get` (a case-insensitive lookup by
+    /// lowercase name).
+    pub fn read<'a>(get: &dyn Fn(&str) -> Option<&'a [u8]>, id: &IdentityConfig) -> Self {
+        HeadIdentity {
+            self_marker: get(crate::selftraffic::HEADER).map(<[u8]>::to_vec),
+            tenant: id
+                .caller
+                .tenant_headers
+                .iter()
+                .find_map(|n| get(n).and_then(bounded_value)),
+            api_key_id: id
+                .caller
+                .api_keys
+                .as_ref()
+                .and_then(|k| api_token(get).map(|t| k.id(t))),
+            rule_headers: id
+                .rule_headers
+                .iter()
+                .filter_map(|n| get(n).and_then(bounded_value).map(|v| (n.clone(), v)))
+                .collect(),
+            request_id: get("x-request-id").and_then(bounded_value),
+        }
+    }
 }
 
 pub struct ResponseHead {
@@ -70,34 +105,12 @@ impl Head for RequestHead {
             Ok(httparse::Status::Partial) => return Ok(None),
             Err(_) => return Err(NotHttp),
         };
+        let headers = &*req.headers;
         let head = RequestHead {
             method: req.method.unwrap_or("").to_string(),
             path: req.path.unwrap_or("").to_string(),
-            self_marker: req
-                .headers
-                .iter()
-                .find(|h| h.name.eq_ignore_ascii_case(crate::selftraffic::HEADER))
-                .map(|h| h.value.to_vec()),
-            tenant: id
-                .caller
-                .tenant_headers
-                .iter()
-                .find_map(|n| header(req.headers, n).and_then(bounded_value)),
-            api_key_id: id
-                .caller
-                .api_keys
-                .as_ref()
-                .and_then(|k| api_token(|n| header(req.headers, n)).map(|t| k.id(t))),
-            rule_headers: id
-                .rule_headers
-                .iter()
-                .filter_map(|n| {
-                    header(req.headers, n)
-                        .and_then(bounded_value)
-                        .map(|v| (n.clone(), v))
-                })
-                .collect(),
-            framing: framing_of(req.headers)?,
+            identity: HeadIdentity::read(&|n| header(headers, n), id),
+            framing: framing_of(headers)?,
         };
         Ok(Some((head, n)))
     }
@@ -358,13 +371,13 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(
-            head.tenant.as_deref(),
+            head.identity.tenant.as_deref(),
             Some("org-1"),
             "first configured header wins"
         );
-        assert_eq!(head.api_key_id, Some(hasher.id(b"sk-secret-123")));
+        assert_eq!(head.identity.api_key_id, Some(hasher.id(b"sk-secret-123")));
         assert_eq!(
-            head.rule_headers,
+            head.identity.rule_headers,
             vec![("x-task".to_string(), "summarize".to_string())]
         );
         // An empty first header falls through to the next one.
@@ -375,8 +388,8 @@ mod tests {
             .feed::<RequestHead>(&mut d, 1, None, &id)
             .unwrap()
             .unwrap();
-        assert_eq!(head.tenant.as_deref(), Some("t-2"));
-        assert_eq!(head.api_key_id, None);
+        assert_eq!(head.identity.tenant.as_deref(), Some("t-2"));
+        assert_eq!(head.identity.api_key_id, None);
         // Nothing configured: nothing kept.
         let mut h = HeadBuf::default();
         let mut d: &[u8] = req;
@@ -384,8 +397,8 @@ mod tests {
             .feed::<RequestHead>(&mut d, 1, None, &IdentityConfig::default())
             .unwrap()
             .unwrap();
-        assert_eq!(head.tenant, None);
-        assert_eq!(head.api_key_id, None);
-        assert!(head.rule_headers.is_empty());
+        assert_eq!(head.identity.tenant, None);
+        assert_eq!(head.identity.api_key_id, None);
+        assert!(head.identity.rule_headers.is_empty());
     }
 }

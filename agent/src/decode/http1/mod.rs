@@ -81,6 +81,11 @@ impl Http1Conn {
         }
     }
 
+    /// Joined mid-way and still waiting for a request to start.
+    pub fn is_joining(&self) -> bool {
+        self.joining && self.broken
+    }
+
     /// Heap bytes held in parsing buffers.
     pub fn buffered(&self) -> usize {
         let req = match &self.req {
@@ -269,14 +274,8 @@ impl Http1Conn {
                         &head.path,
                         t0,
                     );
-                    x.self_request = out.is_self(head.self_marker.as_deref());
                     x.t_arrival = t_arrival;
-                    x.tenant_header = head.tenant;
-                    x.api_key_id = head.api_key_id;
-                    x.rule_headers = head.rule_headers;
-                    if !out.identity.types.is_empty() {
-                        x.types = Some(out.identity.types.clone());
-                    }
+                    out.identify(&mut x, head.identity);
                     if head.method == "HEAD" {
                         self.heads.push(seq);
                     }
