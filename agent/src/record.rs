@@ -174,6 +174,23 @@ impl RouteClass {
             "/health" | "/healthz" | "/ready" | "/readyz" | "/livez" | "/live" | "/ping"
             | "/api/health" | "/v1/health" => RouteClass::Health,
             _ if p.starts_with("/v2/health/") => RouteClass::Health,
+            // gRPC health and metadata methods (Triton, vLLM/SGLang via
+            // smg, the standard health service).
+            "/grpc.health.v1.Health/Check"
+            | "/grpc.health.v1.Health/Watch"
+            | "/inference.GRPCInferenceService/ServerLive"
+            | "/inference.GRPCInferenceService/ServerReady"
+            | "/inference.GRPCInferenceService/ModelReady"
+            | "/vllm.grpc.engine.VllmEngine/HealthCheck"
+            | "/sglang.grpc.scheduler.SglangScheduler/HealthCheck" => RouteClass::Health,
+            "/inference.GRPCInferenceService/ServerMetadata"
+            | "/inference.GRPCInferenceService/ModelMetadata"
+            | "/inference.GRPCInferenceService/ModelConfig"
+            | "/inference.GRPCInferenceService/RepositoryIndex"
+            | "/vllm.grpc.engine.VllmEngine/GetModelInfo"
+            | "/vllm.grpc.engine.VllmEngine/GetServerInfo"
+            | "/sglang.grpc.scheduler.SglangScheduler/GetModelInfo"
+            | "/sglang.grpc.scheduler.SglangScheduler/GetServerInfo" => RouteClass::Models,
             "/metrics" => RouteClass::Metrics,
             "/v1/models" | "/models" | "/api/tags" | "/v2/models" => RouteClass::Models,
             _ if p.starts_with("/v1/models/") || p.starts_with("/v2/models/") => RouteClass::Models,

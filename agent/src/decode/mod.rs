@@ -621,9 +621,17 @@ fn on_data(conn: &mut Conn, d: &DataEvent, out: &mut Out<'_>) {
             Sniffed::Tls => Flow::Tls,
             sniffed @ (Sniffed::Http1 | Sniffed::Http2) => {
                 let (held, len, first_ns) = (s.held, s.len, s.first_ns);
-                let mut proto = if matches!(sniffed, Sniffed::Http2) {
+                let joined_h2 = conn.joined
+                    && len == 0
+                    && d.ret > 0
+                    && http2::frame::find_boundary(&d.data).is_some();
+                let mut proto = if matches!(sniffed, Sniffed::Http2) || joined_h2 {
                     out.stats.http2 += 1;
-                    Proto::Http2(Box::default())
+                    Proto::Http2(Box::new(if joined_h2 {
+                        Http2Conn::joined()
+                    } else {
+                        Http2Conn::new()
+                    }))
                 } else {
                     // A joined connection whose held bytes (`P`) and this
                     // call's start a request line together is in step

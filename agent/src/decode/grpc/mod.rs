@@ -293,6 +293,9 @@ pub struct Call {
     /// The call's exchange (unary and server streaming), or the Triton
     /// stream's requests in flight, oldest first.
     xs: VecDeque<Exchange>,
+    /// The service was recognised from a message's shape, not named by
+    /// the path: a Triton call may still turn out unary.
+    guessed: bool,
     scratch: Vec<u8>,
 }
 
@@ -320,6 +323,7 @@ impl Call {
             req_gzip,
             resp_gzip: false,
             xs: VecDeque::new(),
+            guessed: false,
             scratch: Vec::new(),
         };
         if !matches!(service, Service::TritonStream | Service::Unknown) {
@@ -340,6 +344,7 @@ impl Call {
             req_gzip: false,
             resp_gzip: false,
             xs: VecDeque::new(),
+            guessed: false,
             scratch: Vec::new(),
         }
     }
@@ -469,6 +474,7 @@ impl Call {
         let mut scratch = std::mem::take(&mut self.scratch);
         if let Some(data) = Self::payload(&mut scratch, &m, self.req_gzip, counts) {
             if self.service == Service::Unknown {
+                self.guessed = true;
                 self.service = match proto::request_shape(data) {
                     Some(proto::Shape::TritonInfer) => Service::TritonStream,
                     Some(proto::Shape::Generate) => Service::Generate,
@@ -581,6 +587,15 @@ impl Call {
 
     fn read_response(&mut self, data: &[u8], ts: u64, out: &mut Out<'_>, counts: &mut GrpcCounts) {
         match self.service {
+            Service::TritonStream if self.guessed && proto::is_unary_triton_response(data) => {
+                // A unary `ModelInfer` whose path was not seen.
+                self.service = Service::TritonInfer;
+                for x in &mut self.xs {
+                    x.stream = false;
+                    x.path = Service::TritonInfer.path().unwrap_or_default().to_string();
+                }
+                self.read_response(data, ts, out, counts);
+            }
             Service::TritonStream => {
                 let Ok(r) = proto::ModelStreamInferResponse::decode(data) else {
                     counts.bad_messages += 1;

@@ -272,6 +272,14 @@ fn is_triton_datatype(t: &str) -> bool {
     )
 }
 
+/// Whether a Triton response of a call whose method was guessed is the
+/// unary `ModelInferResponse` (outputs at the top level) rather than a
+/// `ModelStreamInferResponse` (an error message and/or a nested response).
+pub fn is_unary_triton_response(msg: &[u8]) -> bool {
+    matches!(ModelInferResponse::decode(msg), Ok(r) if !r.outputs.is_empty()
+        && r.outputs.iter().all(|o| !o.name.is_empty() && is_triton_datatype(&o.datatype)))
+}
+
 /// Whether a `Generate` response is SGLang's (a request id string first)
 /// rather than vLLM's (a chunk or completion message first).
 pub fn is_sglang_response(msg: &[u8]) -> bool {

@@ -31,6 +31,8 @@
 pub mod frame;
 pub mod hpack;
 pub mod huffman;
+#[cfg(test)]
+mod tests;
 
 use std::collections::HashMap;
 
