@@ -55,16 +55,52 @@ fetch_sdist() {
     fi
 }
 
+# One build serves both engines: shared libraries for the Python server
+# and the native llama-server (cpp-httplib). No web UI, no network at
+# build time, no OpenSSL, portable code (GGML_NATIVE=OFF).
+llama_cmake_args=(
+    -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DGGML_NATIVE=OFF
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON
+    -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF
+    -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_APP=OFF
+)
+llama_built_stamp="$build/llama.cpp/.built-from"
+llama_built_want="llama-cpp-python=$LLAMA_CPP_PYTHON generator=Ninja cmake=$(printf '%s\n' "${llama_cmake_args[@]}" | sha256sum | cut -c1-16)"
+
+llama_cpp_built() {
+    # Is $build/llama.cpp a finished build of this sdist with these options?
+    # Its own stamp says so (written after a successful build); a tree from
+    # before the stamp existed counts when its outputs are there and its
+    # CMake cache names this sdist's source and every option above.
+    local tree="$build/llama.cpp" opt
+    [[ -x "$tree/bin/llama-server" && -e "$tree/bin/libllama.so" && -f "$tree/CMakeCache.txt" ]] || return 1
+    if [[ -f "$llama_built_stamp" ]]; then
+        [[ "$(cat "$llama_built_stamp")" == "$llama_built_want" ]]
+        return
+    fi
+    grep -qxF "CMAKE_HOME_DIRECTORY:INTERNAL=$src/vendor/llama.cpp" "$tree/CMakeCache.txt" || return 1
+    grep -qxF "CMAKE_GENERATOR:INTERNAL=Ninja" "$tree/CMakeCache.txt" || return 1
+    for opt in "${llama_cmake_args[@]}"; do
+        opt="${opt#-D}"
+        grep -qE "^${opt%%=*}:[A-Z]+=${opt#*=}\$" "$tree/CMakeCache.txt" || return 1
+    done
+}
+
 build_llama_cpp() {
-    # One build serves both engines: shared libraries for the Python server
-    # and the native llama-server (cpp-httplib). No web UI, no network at
-    # build time, no OpenSSL, portable code (GGML_NATIVE=OFF).
+    # The compile takes ~11 minutes on 2 vCPUs, so a change elsewhere (say
+    # requirements.txt, which re-runs this script) must not redo it: skip a
+    # finished tree (ninja alone would still rebuild the server's UI step,
+    # which is always out of date).
+    if llama_cpp_built; then
+        echo "$llama_built_want" > "$llama_built_stamp"
+        echo "peers: llama.cpp already built ($llama_built_want)"
+        return
+    fi
+    rm -f "$llama_built_stamp"
     PATH="$venv/bin:$PATH" cmake -S "$src/vendor/llama.cpp" -B "$build/llama.cpp" -G Ninja \
-        -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DGGML_NATIVE=OFF \
-        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON \
-        -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
-        -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_APP=OFF > "$build/cmake.log"
+        "${llama_cmake_args[@]}" > "$build/cmake.log"
     PATH="$venv/bin:$PATH" cmake --build "$build/llama.cpp" -j "$jobs" --target llama-server llama
+    echo "$llama_built_want" > "$llama_built_stamp"
 }
 
 install_python_server() {

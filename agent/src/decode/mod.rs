@@ -95,6 +95,32 @@ pub struct DecodeStats {
     pub grpc: grpc::GrpcCounts,
 }
 
+impl DecodeStats {
+    /// (what, reason, count) of the HTTP/2 and gRPC counters with a
+    /// reason: `dropped` (HTTP/2 connections no longer decoded) and
+    /// `grpc_skipped` (gRPC messages not read).
+    pub fn protocol_counts(&self) -> Vec<(&'static str, &'static str, u64)> {
+        let mut v: Vec<_> = self
+            .http2_dropped
+            .iter()
+            .map(|(r, n)| ("dropped", *r, *n))
+            .collect();
+        let g = &self.grpc;
+        for (r, n) in [
+            ("unsupported_compression", g.unsupported_compression),
+            ("oversized", g.oversized),
+            ("bad_message", g.bad_messages),
+            ("unrecognised", g.unrecognised),
+            ("orphan_response", g.orphan_responses),
+        ] {
+            if n > 0 {
+                v.push(("grpc_skipped", r, n));
+            }
+        }
+        v
+    }
+}
+
 /// What the decoder keeps of each request besides its timing and sizes:
 /// the tenant headers' value, the API key's id, and what request-type
 /// rules look at (the values of headers they name, the presence of body

@@ -30,6 +30,13 @@ pub struct Health {
     /// Connections joined mid-way (open before the agent saw them open):
     /// decoded from their next request on.
     pub joined: AtomicU64,
+    /// Connections decoded as HTTP/2.
+    pub http2: AtomicU64,
+    /// HTTP/2 header fields naming a header-table entry never seen.
+    pub unresolved_headers: AtomicU64,
+    /// HTTP/2 connections dropped from decoding, by reason, and gRPC
+    /// messages skipped, by reason (`decode::DecodeStats`).
+    pub protocol_counts: Mutex<Vec<(&'static str, &'static str, u64)>>,
     pub connections: AtomicI64,
     pub in_flight: AtomicI64,
     /// OTLP exports that failed (bumped by the metrics sink's exporter).
@@ -112,6 +119,14 @@ impl Health {
             .store(decode.unsupported_protocol, Relaxed);
         self.tls.store(decode.tls, Relaxed);
         self.joined.store(decode.joined, Relaxed);
+        self.http2.store(decode.http2, Relaxed);
+        self.unresolved_headers
+            .store(decode.unresolved_headers, Relaxed);
+        let counts = decode.protocol_counts();
+        *self
+            .protocol_counts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = counts;
         self.in_flight.store(in_flight as i64, Relaxed);
     }
 

@@ -664,6 +664,49 @@ impl Metrics {
             |h| h.joined.load(Ordering::Relaxed),
         );
         let _ = obs_u64(
+            "tokentap.decode.http2",
+            "{connection}",
+            "Connections decoded as HTTP/2 (prior knowledge, or recognised by their frames when found open)",
+            |h| h.http2.load(Ordering::Relaxed),
+        );
+        let _ = obs_u64(
+            "tokentap.decode.unresolved_headers",
+            "{field}",
+            "HTTP/2 header fields that named a header-table entry sent before the agent joined the connection (their values unknown)",
+            |h| h.unresolved_headers.load(Ordering::Relaxed),
+        );
+        for (what, name, desc) in [
+            (
+                "dropped",
+                "tokentap.decode.http2.dropped",
+                "HTTP/2 connections dropped from decoding, by reason (malformed frames, HPACK errors, a header block that never ends, a gRPC length past 64 MiB, a reused stream id, too many streams); also counted in tokentap.decode.errors",
+            ),
+            (
+                "grpc_skipped",
+                "tokentap.decode.grpc.skipped",
+                "gRPC messages not read, by reason (unsupported_compression, oversized: read from their leading fields, bad_message, unrecognised service, orphan_response)",
+            ),
+        ] {
+            let hp = health.clone();
+            let _ = meter
+                .u64_observable_counter(name)
+                .with_unit("{event}")
+                .with_description(desc)
+                .with_callback(move |o| {
+                    let counts = hp
+                        .protocol_counts
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .clone();
+                    for (w, reason, n) in counts {
+                        if w == what {
+                            o.observe(n, &[KeyValue::new("reason", reason)]);
+                        }
+                    }
+                })
+                .build();
+        }
+        let _ = obs_u64(
             "tokentap.metrics.attribute_overflow",
             "{value}",
             "Attribute values exported as \"other\" by a cardinality cap (--max-models, --max-tenants)",
