@@ -85,7 +85,7 @@ class Runner:
         self.http = httpx.Client(http1=False, http2=True, timeout=a.timeout,
                                  limits=httpx.Limits(keepalive_expiry=None))
         self.client = openai.OpenAI(base_url=a.base_url, api_key="x", http_client=self.http, max_retries=0)
-        self.out = sys.stdout if a.out in (None, "-") else open(a.out, "w")
+        self.out = sys.stdout if a.out in (None, "-") else open(a.out, "a")
         self.lock = threading.Lock()
         self.next_tag = 1
         self.failed = []
@@ -103,7 +103,7 @@ class Runner:
     def one(self, i, j):
         """Request number i (tag h2-i), j-th of its batch (sets its schedule)."""
         a = self.a
-        tag = f"h2-{i}"
+        tag = f"{a.tag_prefix}{i}"
         sched = {"tokens": a.tokens + j, "ttft_ms": a.ttft_ms + 5 * j, "gap_ms": a.gap_ms}
         stream = self.streamed(i)
         rec = {"model": tag, "id": None, "stream": stream, **sched, "http_version": None, "h2_stream_id": None,
@@ -205,7 +205,8 @@ def main():
     mode = ap.add_mutually_exclusive_group(required=True)
     mode.add_argument("--concurrent", type=int, help="requests at once on the one connection")
     mode.add_argument("--hold", action="store_true", help="hold the connection; see above")
-    ap.add_argument("--out", default="-", help="JSON Lines output (default '-': stdout)")
+    ap.add_argument("--out", default="-", help="JSON Lines output, appended (default '-': stdout)")
+    ap.add_argument("--tag-prefix", default="h2-", help="model tag prefix: tags are PREFIX1..PREFIXN (default h2-)")
     ap.add_argument("--tokens", type=int, default=5, help="base tokens per request (default 5)")
     ap.add_argument("--ttft-ms", type=int, default=20, help="base server-side time to first token (default 20)")
     ap.add_argument("--gap-ms", type=int, default=10, help="server-side gap between tokens (default 10)")
