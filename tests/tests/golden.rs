@@ -30,6 +30,11 @@ fn check(name: &str, t: &Transcript) -> Vec<String> {
         d.on_event(&ev, &mut recs);
     }
     d.finish(&mut recs);
+    compare_records(name, &recs, t)
+}
+
+/// Every field of each record equal to the expected one.
+fn compare_records(name: &str, recs: &[tokentap::record::Finished], t: &Transcript) -> Vec<String> {
     let mut problems = vec![];
     if recs.len() != t.expect.len() {
         problems.push(format!(
@@ -114,6 +119,187 @@ fn golden_transcripts_decode_the_same_when_every_event_is_split_in_two() {
                 }
             }
             d.finish(&mut split);
+            assert_eq!(split, whole, "{} split at {cut}", f.display());
+        }
+    }
+}
+
+// ---- Captures of real peers (HTTP/2, gRPC) ----
+
+fn captures_dir() -> PathBuf {
+    golden_dir().join("captures")
+}
+
+/// The capture files of `tests/golden/captures/` (recorded from the real
+/// peers by `tests/peers/record_goldens.sh`, never written by hand).
+fn captures() -> Vec<PathBuf> {
+    let mut v: Vec<_> = std::fs::read_dir(captures_dir())
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            let n = p.file_name().unwrap().to_string_lossy();
+            n.ends_with(".jsonl") && !n.ends_with(".server.jsonl")
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+fn read_capture(path: &std::path::Path) -> Vec<tokentap::event::SocketEvent> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| tokentap::capfile::from_line(l).unwrap())
+        .collect()
+}
+
+fn decode_all(evs: &[tokentap::event::SocketEvent]) -> (Decoder, Vec<tokentap::record::Finished>) {
+    let mut d = Decoder::new();
+    let mut recs = vec![];
+    for ev in evs {
+        d.on_event(ev, &mut recs);
+    }
+    d.finish(&mut recs);
+    (d, recs)
+}
+
+/// Checks a capture's records against its server's own log: every request
+/// the server answered is recorded once; streamed token counts equal the
+/// server's outputs; the first content write (t0 + TTFT) is within 1 ms of
+/// the server's first output send; errors the server sent are errors.
+fn against_server_log(name: &str, recs: &[tokentap::record::Finished]) -> Vec<String> {
+    let log = captures_dir().join(format!("{name}.server.jsonl"));
+    let lines: Vec<Value> = std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let mut problems = vec![];
+    let mut ids: Vec<String> = lines
+        .iter()
+        .filter(|l| l["ev"] == "recv")
+        .filter_map(|l| l["id"].as_str().map(str::to_string))
+        .collect();
+    ids.sort();
+    ids.dedup();
+    for id in &ids {
+        let Some(r) = recs
+            .iter()
+            .find(|r| r.record.request_id.as_deref() == Some(id.as_str()))
+        else {
+            problems.push(format!("{name}: request {id} not recorded"));
+            continue;
+        };
+        let content = |l: &&Value| {
+            l["ev"] == "send"
+                && l["id"] == id.as_str()
+                && (l["output"] == true || l["kind"] == "token")
+        };
+        let sends: Vec<u64> = lines
+            .iter()
+            .filter(content)
+            .filter_map(|l| l["t_ns"].as_u64())
+            .collect();
+        let failed = lines
+            .iter()
+            .any(|l| l["id"] == id.as_str() && (l["error"] == true || l["ev"] == "abort"));
+        let rec = &r.record;
+        if failed != rec.error_type.is_some() {
+            problems.push(format!(
+                "{name} {id}: server error {failed}, record {:?}",
+                rec.error_type
+            ));
+        }
+        if rec.stream && !sends.is_empty() {
+            if rec.output_tokens != Some(sends.len() as u64) {
+                problems.push(format!(
+                    "{name} {id}: {:?} output tokens, the server sent {}",
+                    rec.output_tokens,
+                    sends.len()
+                ));
+            }
+            let t1 = rec.t0_ns as f64 + rec.ttft_s.unwrap_or(f64::NAN) * 1e9;
+            let d_ms = (t1 - *sends.iter().min().unwrap() as f64) / 1e6;
+            if d_ms.abs().is_nan() || d_ms.abs() > 1.0 {
+                problems.push(format!(
+                    "{name} {id}: first content written {d_ms:+.3} ms from the server's send"
+                ));
+            }
+        }
+    }
+    problems
+}
+
+#[test]
+fn captures_of_real_peers_decode_to_their_expected_records_and_agree_with_the_servers() {
+    let files = captures();
+    assert!(
+        files.len() >= 6,
+        "HTTP/2 and gRPC captures missing: {files:?}"
+    );
+    let bless = std::env::var_os("TOKENTAP_BLESS_CAPTURES").is_some();
+    let mut problems = vec![];
+    for f in &files {
+        let name = f.file_stem().unwrap().to_string_lossy().to_string();
+        let (d, recs) = decode_all(&read_capture(f));
+        if d.stats.desyncs != 0 {
+            problems.push(format!("{name}: {:?}", d.stats));
+        }
+        problems.extend(against_server_log(&name, &recs));
+        let expect_path = captures_dir().join(format!("{name}.expect.json"));
+        let got: Vec<Value> = recs
+            .iter()
+            .map(|r| serde_json::to_value(&r.record).unwrap())
+            .collect();
+        if bless {
+            std::fs::write(
+                &expect_path,
+                serde_json::to_string_pretty(&got).unwrap() + "\n",
+            )
+            .unwrap();
+            continue;
+        }
+        let expect: Vec<Value> = serde_json::from_str(
+            &std::fs::read_to_string(&expect_path)
+                .unwrap_or_else(|e| panic!("{}: {e}", expect_path.display())),
+        )
+        .unwrap();
+        let t = Transcript {
+            about: String::new(),
+            local: None,
+            peer: None,
+            steps: vec![],
+            expect,
+        };
+        problems.extend(compare_records(&name, &recs, &t));
+    }
+    assert!(problems.is_empty(), "\n{}", problems.join("\n"));
+}
+
+#[test]
+fn captures_of_real_peers_decode_the_same_when_every_call_is_split() {
+    for f in captures() {
+        let evs = read_capture(&f);
+        let (_, whole) = decode_all(&evs);
+        for cut in [1usize, 5, 9, 10, 14, 100] {
+            let mut split_evs = vec![];
+            for ev in &evs {
+                match ev {
+                    tokentap::event::SocketEvent::Data(de) if de.data.len() > cut => {
+                        let (a, b) = de.data.split_at(cut);
+                        for part in [a, b] {
+                            let mut p = de.clone();
+                            p.ret = part.len() as i64;
+                            p.data = part.to_vec();
+                            split_evs.push(tokentap::event::SocketEvent::Data(p));
+                        }
+                    }
+                    _ => split_evs.push(ev.clone()),
+                }
+            }
+            let (_, split) = decode_all(&split_evs);
             assert_eq!(split, whole, "{} split at {cut}", f.display());
         }
     }

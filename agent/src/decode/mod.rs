@@ -264,12 +264,37 @@ impl Out<'_> {
 
 /// The first request-direction bytes of a connection, held until they
 /// show whether it starts with the HTTP/2 preface (a 1-byte first read `P`
-/// could be `PRI` or `POST`).
+/// could be `PRI` or `POST`); and a server's first bytes while they may
+/// still become its opening SETTINGS frame (a write cut short).
 struct Sniff {
     held: [u8; HTTP2_PREFACE.len()],
     len: usize,
     /// When the first held byte was written.
     first_ns: u64,
+    /// The server's first bytes (at most a SETTINGS frame), when they
+    /// were written.
+    resp: Vec<u8>,
+    resp_ns: u64,
+}
+
+/// The longest opening SETTINGS frame `is_http2_settings` accepts.
+const MAX_SETTINGS_FRAME: usize = 9 + 6 * 16;
+
+/// Could `b` still grow into what `is_http2_settings` accepts (a SETTINGS
+/// header on stream 0 without flags, of a length it allows, not yet whole)?
+fn settings_prefix(b: &[u8]) -> bool {
+    let fixed = [(3usize, 4u8), (4, 0), (5, 0), (6, 0), (7, 0), (8, 0)];
+    if b.len() >= MAX_SETTINGS_FRAME || fixed.iter().any(|(i, v)| b.get(*i).is_some_and(|x| x != v))
+    {
+        return false;
+    }
+    match b.get(..3) {
+        Some(l) => {
+            let len = u32::from_be_bytes([0, l[0], l[1], l[2]]) as usize;
+            len.is_multiple_of(6) && len <= 6 * 16 && b.len() < 9 + len
+        }
+        None => true,
+    }
 }
 
 /// What the first bytes said.
@@ -287,6 +312,8 @@ impl Sniff {
             held: [0; HTTP2_PREFACE.len()],
             len: 0,
             first_ns: 0,
+            resp: Vec::new(),
+            resp_ns: 0,
         }
     }
 
@@ -298,11 +325,19 @@ impl Sniff {
         }
         if d.dir != request_dir {
             // The server speaks first: HTTP/2 servers open with SETTINGS.
-            return if is_http2_settings(&d.data) {
-                Sniffed::Http2
-            } else {
-                Sniffed::Http1
-            };
+            let mut all = self.resp.clone();
+            all.extend_from_slice(&d.data);
+            if is_http2_settings(&all) {
+                return Sniffed::Http2;
+            }
+            if d.ret > 0 && !d.truncated() && self.len == 0 && settings_prefix(&all) {
+                if self.resp.is_empty() {
+                    self.resp_ns = d.ts_ns;
+                }
+                self.resp = all;
+                return Sniffed::Wait;
+            }
+            return Sniffed::Http1;
         }
         if d.ret <= 0 || d.truncated() {
             return Sniffed::Http1;
@@ -647,6 +682,7 @@ fn on_data(conn: &mut Conn, d: &DataEvent, out: &mut Out<'_>) {
             Sniffed::Tls => Flow::Tls,
             sniffed @ (Sniffed::Http1 | Sniffed::Http2) => {
                 let (held, len, first_ns) = (s.held, s.len, s.first_ns);
+                let (resp_held, resp_ns) = (std::mem::take(&mut s.resp), s.resp_ns);
                 let joined_h2 = conn.joined
                     && len == 0
                     && d.ret > 0
@@ -676,7 +712,21 @@ fn on_data(conn: &mut Conn, d: &DataEvent, out: &mut Out<'_>) {
                     })
                 };
                 let mut flow = Flow::Continue;
-                if len > 0 {
+                if !resp_held.is_empty() {
+                    // The server's held first bytes, at their own time.
+                    let early = Piece {
+                        ts_ns: resp_ns,
+                        dir: match conn.info.request_dir() {
+                            Dir::In => Dir::Out,
+                            Dir::Out => Dir::In,
+                        },
+                        ret: resp_held.len() as i64,
+                        data: &resp_held,
+                        arrival: None,
+                    };
+                    flow = proto.on_data(&conn.info, out, early);
+                }
+                if len > 0 && flow == Flow::Continue {
                     // The held bytes were written first, at their own time.
                     let early = Piece {
                         ts_ns: first_ns,
