@@ -1,6 +1,9 @@
 //! Coverage-guided fuzzing of the decoder with cargo-fuzz (libFuzzer),
 //! installed into `.tools/` on first use. Seeds come from
-//! `tests/fuzz/corpus/decode` (the golden transcripts as fuzz inputs);
+//! `tests/fuzz/corpus/decode` (the golden transcripts as fuzz inputs, and
+//! the HTTP/2 and gRPC captures of `tests/golden/captures` converted to the
+//! target's input format: every connection joined mid-way, calls in
+//! pieces of at most 255 bytes);
 //! libFuzzer writes what it discovers to `target/fuzz-corpus`, never into
 //! the repository.
 
