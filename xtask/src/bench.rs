@@ -672,7 +672,33 @@ fn decode(secs: f64, rounds: usize) -> Result<Vec<Row>> {
             "≥ 1.5× and ≥ 1,500,000/s: {}",
             verdict(ratio >= 1.5 && sse >= 1.5e6)
         ),
-    )])
+    ), {
+        let grpc = m("grpc_messages_per_s");
+        row(
+            "decode, one thread, same run: 64 HTTP/2 connections, each one Triton ModelStreamInfer stream (10 requests × 256 responses, two requests in flight, one gRPC message per DATA frame and write); baseline: the HTTP/1.1 mix above",
+            format!("{sse:.0} SSE events/s (HTTP/1.1)"),
+            format!("{grpc:.0} gRPC response messages/s"),
+            format!(
+                "{:.2}× the HTTP/1.1 event rate; {:.0} records/s",
+                grpc / sse,
+                m("grpc_records_per_s")
+            ),
+            format!("≥ 1,000,000 messages/s: {}", verdict(grpc >= 1e6)),
+        )
+    }, {
+        let h2 = m("h2_sse_events_per_s");
+        row(
+            "decode, one thread, same run: 64 h2c connections of the same OpenAI chat streams, 4 streams at once per connection, each SSE event its own DATA frame; baseline: the HTTP/1.1 mix above",
+            format!("{sse:.0} SSE events/s (HTTP/1.1)"),
+            format!("{h2:.0} SSE events/s over HTTP/2"),
+            format!(
+                "{:.2}× the HTTP/1.1 rate; {:.0} records/s",
+                h2 / sse,
+                m("h2_records_per_s")
+            ),
+            "(reported)".to_string(),
+        )
+    }])
 }
 
 fn capture(secs: f64, rounds: usize) -> Result<Vec<Row>> {
