@@ -136,8 +136,9 @@ fn selects_container_test(args: &[String]) -> bool {
 
 /// the real peers installed): the whole suite, or a selection naming them.
 fn selects_peer_tests(args: &[String]) -> bool {
-    // Test binaries that drive the real peers (llama.cpp, the openai SDK).
-    const PEER_TESTS: [&str; 2] = ["fidelity", "enginemetrics"];
+    // Test binaries that drive the real peers (llama.cpp, the openai SDK,
+    // tritonclient's gRPC server and client, Hypercorn).
+    const PEER_TESTS: [&str; 3] = ["fidelity", "enginemetrics", "grpc"];
     args.is_empty()
         || args
             .iter()

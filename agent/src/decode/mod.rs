@@ -1,17 +1,19 @@
 //! Socket events → finished requests. This module is the per-connection
 //! dispatcher: it sniffs each connection's protocol from its first bytes
-//! and hands every later call to that protocol's machine (`http1`).
-//! Response bodies are decoded as SSE, NDJSON or a whole JSON body
-//! (`body`, `stream`), and each event is interpreted by the engine format
-//! of its endpoint (`formats`).
+//! and hands every later call to that protocol's machine (`http1`, or
+//! `http2` — its client preface, a server's first SETTINGS frame, frames
+//! on a connection joined mid-way, or a `101` to h2c — whose gRPC streams
+//! go to `grpc`). Response bodies are decoded as SSE, NDJSON or a whole
+//! JSON body (`body`, `stream`), and each event is interpreted by the
+//! engine format of its endpoint (`formats`).
 //!
-//! An HTTP/2 connection (its client preface, or a server's first SETTINGS
-//! frame), a served TLS one (its first bytes are TLS records: tokentap sees
-//! only ciphertext) or one switched away by `101 Switching Protocols` is
-//! counted once in `DecodeStats::unsupported_protocol` (TLS also in `tls`,
-//! and its engine listed once in [`Decoder::take_tls_servers`]) and then
-//! ignored; an outgoing TLS connection counts only in `tls`. Following a new
-//! protocol is adding its machine as a module and an arm of `Proto`.
+//! A served TLS connection (its first bytes are TLS records: tokentap sees
+//! only ciphertext) or one switched away by `101 Switching Protocols` to
+//! anything but h2c is counted once in `DecodeStats::unsupported_protocol`
+//! (TLS also in `tls`, and its engine listed once in
+//! [`Decoder::take_tls_servers`]) and then ignored; an outgoing TLS
+//! connection counts only in `tls`. Following a new protocol is adding its
+//! machine as a module and an arm of `Proto`.
 //!
 //! A request's t0 is when its first byte reached the engine's socket when
 //! the kernel reported the arrival (`arrival`: queue time in the socket
@@ -69,8 +71,8 @@ pub struct DecodeStats {
     /// Calls that arrived shorter than they were (capture truncated).
     pub truncated_calls: u64,
     pub connections: u64,
-    /// Connections speaking a protocol this decoder does not follow
-    /// (HTTP/2 preface, a `101 Switching Protocols` upgrade).
+    /// Connections speaking a protocol this decoder does not follow (a
+    /// `101 Switching Protocols` to anything but h2c).
     pub unsupported_protocol: u64,
     /// Connections whose bytes are TLS records: encrypted, so not decoded.
     /// Served ones (the engine terminating TLS) also count in
@@ -198,6 +200,9 @@ pub enum Flow {
     Unsupported,
     /// The connection's bytes are TLS records (unsupported: ciphertext).
     Tls,
+    /// `101 Switching Protocols` to `h2c`: the HTTP/1 machine holds the
+    /// upgraded request and the bytes after the 101 (`Http1Conn::take_h2c`).
+    H2cUpgrade,
 }
 
 /// Where machines put what they finish: the counters, the exchange
@@ -757,6 +762,40 @@ fn on_data(conn: &mut Conn, d: &DataEvent, out: &mut Out<'_>) {
                 flow
             }
         },
+    };
+    let flow = if flow == Flow::H2cUpgrade {
+        match std::mem::replace(&mut conn.proto, Proto::Unsupported) {
+            Proto::Http1(mut h) => match h.take_h2c() {
+                Some((x, tail, ts)) => {
+                    out.stats.http2 += 1;
+                    let mut h2 = Http2Conn::upgraded(x);
+                    let flow = if tail.is_empty() {
+                        Flow::Continue
+                    } else {
+                        h2.on_data(
+                            &conn.info,
+                            out,
+                            Piece {
+                                ts_ns: ts,
+                                dir: d.dir,
+                                ret: tail.len() as i64,
+                                data: &tail,
+                                arrival: None,
+                            },
+                        )
+                    };
+                    conn.proto = Proto::Http2(Box::new(h2));
+                    flow
+                }
+                None => Flow::Unsupported,
+            },
+            other => {
+                conn.proto = other;
+                Flow::Unsupported
+            }
+        }
+    } else {
+        flow
     };
     if flow != Flow::Continue {
         conn.proto = Proto::Unsupported;

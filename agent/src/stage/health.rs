@@ -22,8 +22,8 @@ pub struct Health {
     pub dropped: AtomicU64,
     /// Connections whose bytes stopped making sense as HTTP.
     pub decode_errors: AtomicU64,
-    /// Connections speaking a protocol the decoder does not follow (HTTP/2,
-    /// TLS, a `101 Switching Protocols` upgrade).
+    /// Connections speaking a protocol the decoder does not follow (TLS, a
+    /// `101 Switching Protocols` to anything but h2c).
     pub unsupported_protocol: AtomicU64,
     /// Of those, connections carrying TLS (ciphertext).
     pub tls: AtomicU64,

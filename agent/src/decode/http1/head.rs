@@ -92,6 +92,8 @@ pub struct ResponseHead {
     /// Lowercase; empty when absent.
     pub content_type: String,
     pub server: Option<String>,
+    /// The `Upgrade` header, lowercase (`h2c` on a switch to HTTP/2).
+    pub upgrade: Option<String>,
     /// `None`: the body runs until the connection closes.
     pub framing: Option<Framing>,
 }
@@ -139,6 +141,7 @@ impl Head for ResponseHead {
                 .unwrap_or_default()
                 .to_ascii_lowercase(),
             server: header_str(resp.headers, "server"),
+            upgrade: header_str(resp.headers, "upgrade").map(|u| u.to_ascii_lowercase()),
             framing,
         };
         Ok(Some((head, n)))

@@ -55,6 +55,9 @@ pub struct Http1Conn {
     joining: bool,
     /// HEAD requests in flight, by exchange seq (their responses have no body).
     heads: Vec<u64>,
+    /// After a `101` to h2c: the upgraded request (stream 1 of the HTTP/2
+    /// connection), the response bytes after the 101's head, their time.
+    h2c: Option<(Exchange, Vec<u8>, u64)>,
 }
 
 impl Default for Http1Conn {
@@ -66,6 +69,7 @@ impl Default for Http1Conn {
             broken: false,
             joining: false,
             heads: Vec::new(),
+            h2c: None,
         }
     }
 }
@@ -79,6 +83,12 @@ impl Http1Conn {
             joining: true,
             ..Self::default()
         }
+    }
+
+    /// The request a `101` switched to HTTP/2 (h2c upgrade), the bytes
+    /// that followed the 101 in its write, and that write's time.
+    pub fn take_h2c(&mut self) -> Option<(Exchange, Vec<u8>, u64)> {
+        self.h2c.take()
     }
 
     /// Joined mid-way and still waiting for a request to start.
@@ -389,9 +399,18 @@ impl Http1Conn {
                     else {
                         continue;
                     };
+                    if head.status == 101 && head.upgrade.as_deref() == Some("h2c") {
+                        // HTTP/2 from here (RFC 7540 §3.2): the request is
+                        // stream 1, answered in HTTP/2 frames.
+                        if let Some(x) = self.queue.pop_front() {
+                            self.fail_all(ts, ErrorType::UnsupportedProtocol, out);
+                            self.h2c = Some((x, data.to_vec(), ts));
+                            return Ok(Flow::H2cUpgrade);
+                        }
+                    }
                     if head.status == 101 {
-                        // The connection now speaks another protocol (h2c,
-                        // a websocket): what was asked ends here.
+                        // The connection now speaks another protocol (a
+                        // websocket): what was asked ends here.
                         if let Some(x) = self.queue.front_mut() {
                             x.status = Some(101);
                         }

@@ -188,6 +188,27 @@ impl Http2Conn {
         Self::build(false)
     }
 
+    /// A connection switched from HTTP/1.1 by `Upgrade: h2c`: `x`, the
+    /// upgraded request, is stream 1 (its request side complete); the
+    /// client's preface comes next.
+    pub fn upgraded(mut x: Exchange) -> Self {
+        let mut c = Self::build(false);
+        x.protocol = "h2";
+        x.status = None;
+        c.streams.insert(
+            1,
+            Stream::Http(Box::new(HttpStream {
+                x,
+                req_buf: Vec::new(),
+                req_cut: false,
+                body: None,
+                held: 0,
+            })),
+        );
+        c.max_opened = 1;
+        c
+    }
+
     /// A connection open before the agent: decoded from its next frame
     /// boundary, its header tables' older entries unknown.
     pub fn joined() -> Self {

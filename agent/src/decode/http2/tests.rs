@@ -809,3 +809,270 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn an_upgrade_to_h2c_continues_the_request_as_stream_1() {
+    let body = r#"{"model":"up","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    let req = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAoAAAAAIAAAAA\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut switch =
+        b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n".to_vec();
+    switch.extend(settings());
+    let mut preface = HTTP2_PREFACE.to_vec();
+    preface.extend(settings());
+    let mut first = frame(HEADERS, END_HEADERS, 1, &ok_sse_headers());
+    first.extend(frame(DATA, 0, 1, &sse("chatcmpl-up", "a")));
+    let c = Conv::default()
+        .at(0, Dir::In, req.into_bytes())
+        .at(1, Dir::Out, switch)
+        .at(2, Dir::In, preface)
+        .at(30, Dir::Out, first)
+        .at(40, Dir::Out, frame(DATA, 0, 1, &sse("chatcmpl-up", "b")))
+        .at(
+            41,
+            Dir::Out,
+            frame(DATA, END_STREAM, 1, &sse_usage("chatcmpl-up", 3, 2)),
+        );
+    let (d, out) = run(&c.events(false));
+    assert_eq!(out.len(), 1, "{out:#?}");
+    let r = &out[0].record;
+    assert_eq!(r.protocol, Some("h2"));
+    assert_eq!(r.request_model.as_deref(), Some("up"));
+    assert_eq!(r.status, Some(200));
+    assert_eq!(r.error_type, None);
+    assert!((r.ttft_s.unwrap() - 0.030).abs() < 1e-9);
+    assert_eq!(r.output_tokens, Some(2));
+    assert_eq!(
+        (d.stats.http2, d.stats.unsupported_protocol, d.stats.desyncs),
+        (1, 0, 0)
+    );
+}
+
+// ---- gRPC: vLLM and SGLang Generate ----
+
+fn generate_request(id: &str, ids: Vec<u32>) -> Vec<u8> {
+    proto::VllmGenerateRequest {
+        request_id: id.into(),
+        tokenized: Some(proto::TokenizedInput {
+            original_text: "hello".into(),
+            input_ids: ids,
+        }),
+        text: None,
+        stream: true,
+    }
+    .encode_to_vec()
+}
+
+fn vllm_chunk(ids: Vec<u32>, completion: u32) -> Vec<u8> {
+    proto::VllmGenerateResponse {
+        response: Some(proto::VllmResponse::Chunk(proto::GenerateStreamChunk {
+            token_ids: ids,
+            prompt_tokens: 4,
+            completion_tokens: completion,
+            cached_tokens: 0,
+        })),
+    }
+    .encode_to_vec()
+}
+
+fn vllm_complete(n: u32) -> Vec<u8> {
+    proto::VllmGenerateResponse {
+        response: Some(proto::VllmResponse::Complete(proto::VllmGenerateComplete {
+            output_ids: (0..n).collect(),
+            finish_reason: "length".into(),
+            prompt_tokens: 4,
+            completion_tokens: n,
+            cached_tokens: 0,
+        })),
+    }
+    .encode_to_vec()
+}
+
+fn sglang_complete(id: &str, n: u32) -> Vec<u8> {
+    proto::SglangGenerateResponse {
+        request_id: id.into(),
+        response: Some(proto::SglangResponse::Complete(
+            proto::VllmGenerateComplete {
+                output_ids: (0..n).collect(),
+                finish_reason: "length".into(),
+                prompt_tokens: 4,
+                completion_tokens: n,
+                cached_tokens: 0,
+            },
+        )),
+    }
+    .encode_to_vec()
+}
+
+fn sglang_chunk(id: &str, ids: Vec<u32>, completion: u32) -> Vec<u8> {
+    proto::SglangGenerateResponse {
+        request_id: id.into(),
+        response: Some(proto::SglangResponse::Chunk(proto::GenerateStreamChunk {
+            token_ids: ids,
+            prompt_tokens: 4,
+            completion_tokens: completion,
+            cached_tokens: 0,
+        })),
+    }
+    .encode_to_vec()
+}
+
+/// A Generate call on stream 1: request at t=1, chunks of 1, 2 and 1
+/// token ids at 10, 12, 14, the completion and trailers at 15.
+fn generate_call(path: Option<&str>, sglang: bool) -> Conv {
+    let block = match path {
+        Some(p) => grpc_headers(p),
+        // The path and content type were indexed before the agent joined.
+        None => Block::default().idx(3).idx(6).idx(63).idx(62).bytes(),
+    };
+    let chunk = |ids: Vec<u32>, n: u32| {
+        if sglang {
+            sglang_chunk("g1", ids, n)
+        } else {
+            vllm_chunk(ids, n)
+        }
+    };
+    let ok = Block::default().lit("grpc-status", "0").bytes();
+    let start = if path.is_some() {
+        Conv::start()
+    } else {
+        Conv::default()
+    };
+    start
+        .at(1, Dir::In, frame(HEADERS, END_HEADERS, 3, &block))
+        .at(
+            1,
+            Dir::In,
+            frame(
+                DATA,
+                END_STREAM,
+                3,
+                &grpc(&generate_request("g1", vec![1, 2, 3, 4])),
+            ),
+        )
+        .at(
+            9,
+            Dir::Out,
+            frame(HEADERS, END_HEADERS, 3, &grpc_response_headers()),
+        )
+        .at(10, Dir::Out, frame(DATA, 0, 3, &grpc(&chunk(vec![7], 1))))
+        .at(
+            12,
+            Dir::Out,
+            frame(DATA, 0, 3, &grpc(&chunk(vec![8, 9], 3))),
+        )
+        .at(14, Dir::Out, frame(DATA, 0, 3, &grpc(&chunk(vec![10], 4))))
+        .at(
+            15,
+            Dir::Out,
+            frame(
+                DATA,
+                0,
+                3,
+                &grpc(&if sglang {
+                    sglang_complete("g1", 4)
+                } else {
+                    vllm_complete(4)
+                }),
+            ),
+        )
+        .at(
+            15,
+            Dir::Out,
+            frame(HEADERS, END_HEADERS | END_STREAM, 3, &ok),
+        )
+}
+
+fn check_generate(out: &[Finished], provider: &str, path: &str) {
+    assert_eq!(out.len(), 1, "{out:#?}");
+    let r = &out[0].record;
+    assert_eq!(r.provider.as_deref(), Some(provider));
+    assert_eq!(r.path, path);
+    assert_eq!(r.request_id.as_deref(), Some("g1"));
+    assert_eq!(r.protocol, Some("grpc"));
+    assert!(r.stream);
+    assert!((r.ttft_s.unwrap() - 0.009).abs() < 1e-9, "{:?}", r.ttft_s);
+    assert_eq!(r.input_tokens, Some(4));
+    assert_eq!(r.output_tokens, Some(4));
+    assert!(r.tokens_exact);
+    assert_eq!(r.chunks, Some(4));
+    assert!((r.tpot_s.unwrap() - 0.004 / 3.0).abs() < 1e-9);
+    assert_eq!(r.finish_reason.as_deref(), Some("length"));
+    assert_eq!(r.error_type, None);
+}
+
+const VLLM: &str = "/vllm.grpc.engine.VllmEngine/Generate";
+const SGLANG: &str = "/sglang.grpc.scheduler.SglangScheduler/Generate";
+
+#[test]
+fn vllm_and_sglang_generate_count_token_ids_exactly() {
+    let (_, out) = run(&generate_call(Some(VLLM), false).events(false));
+    check_generate(&out, "vllm", VLLM);
+    let (_, out) = run(&generate_call(Some(SGLANG), true).events(false));
+    check_generate(&out, "sglang", SGLANG);
+}
+
+#[test]
+fn a_generate_call_whose_path_is_unknown_is_told_vllm_or_sglang_by_its_response() {
+    let (_, out) = run(&generate_call(None, false).events(true));
+    check_generate(&out, "vllm", VLLM);
+    let (_, out) = run(&generate_call(None, true).events(true));
+    check_generate(&out, "sglang", SGLANG);
+}
+
+#[test]
+fn gzip_messages_are_inflated_and_other_encodings_counted() {
+    use std::io::Write;
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(&triton_request("z1", "llm")).unwrap();
+    let packed = gz.finish().unwrap();
+    let mut msg = vec![1u8];
+    msg.extend_from_slice(&(packed.len() as u32).to_be_bytes());
+    msg.extend_from_slice(&packed);
+    let headers = |enc: &str| {
+        Block::default()
+            .idx(3)
+            .idx(6)
+            .lit(":path", "/inference.GRPCInferenceService/ModelInfer")
+            .lit("content-type", "application/grpc")
+            .lit("grpc-encoding", enc)
+            .bytes()
+    };
+    let c = Conv::start()
+        .at(1, Dir::In, frame(HEADERS, END_HEADERS, 1, &headers("gzip")))
+        .at(1, Dir::In, frame(DATA, END_STREAM, 1, &msg))
+        .at(
+            2,
+            Dir::In,
+            frame(HEADERS, END_HEADERS, 3, &headers("snappy")),
+        )
+        .at(2, Dir::In, frame(DATA, END_STREAM, 3, &msg))
+        .at(
+            3,
+            Dir::Out,
+            frame(
+                HEADERS,
+                END_HEADERS | END_STREAM,
+                1,
+                &Block::default().idx(8).lit("grpc-status", "0").bytes(),
+            ),
+        )
+        .at(
+            3,
+            Dir::Out,
+            frame(
+                HEADERS,
+                END_HEADERS | END_STREAM,
+                3,
+                &Block::default().idx(8).lit("grpc-status", "0").bytes(),
+            ),
+        );
+    let (d, out) = run(&c.events(false));
+    assert_eq!(out.len(), 2);
+    assert_eq!(out[0].record.request_id.as_deref(), Some("z1"));
+    assert_eq!(out[0].record.request_model.as_deref(), Some("llm"));
+    assert_eq!(out[1].record.request_id, None, "snappy: not read");
+    assert_eq!(d.stats.grpc.unsupported_compression, 1);
+}

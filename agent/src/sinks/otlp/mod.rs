@@ -648,7 +648,7 @@ impl Metrics {
         let _ = obs_u64(
             "tokentap.decode.unsupported_protocol",
             "{connection}",
-            "Connections speaking a protocol the decoder does not follow (HTTP/2, TLS, protocol upgrades)",
+            "Connections speaking a protocol the decoder does not follow (TLS, upgrades other than h2c)",
             |h| h.unsupported_protocol.load(Ordering::Relaxed),
         );
         let _ = obs_u64(
