@@ -74,7 +74,7 @@ impl Header {
             DATA | HEADERS | CONTINUATION => !on_zero && self.len <= MAX_FRAME_PAYLOAD,
             PRIORITY => !on_zero && self.len == 5,
             RST_STREAM => !on_zero && self.len == 4,
-            SETTINGS => on_zero && self.len % 6 == 0 && self.len <= 6 * 32,
+            SETTINGS => on_zero && self.len.is_multiple_of(6) && self.len <= 6 * 32,
             PUSH_PROMISE => !on_zero && self.len >= 4,
             PING => on_zero && self.len == 8,
             GOAWAY => on_zero && self.len >= 8 && self.len as usize <= MAX_CONTROL_PAYLOAD,

@@ -718,10 +718,8 @@ impl Http2Conn {
                     h.body = Some(Body::for_content_type(&ct, &mut h.x));
                 }
             }
-            Some(Stream::Grpc { call, .. }) => {
-                if status.is_some() {
-                    call.on_response_headers(status, get(fields, "grpc-encoding") == Some(b"gzip"));
-                }
+            Some(Stream::Grpc { call, .. }) if status.is_some() => {
+                call.on_response_headers(status, get(fields, "grpc-encoding") == Some(b"gzip"));
             }
             _ => {}
         }
