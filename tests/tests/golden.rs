@@ -94,31 +94,10 @@ fn golden_transcripts_decode_the_same_when_every_event_is_split_in_two() {
         }
         let t: Transcript = serde_json::from_str(&std::fs::read_to_string(&f).unwrap()).unwrap();
         let evs = events(&t);
-        let mut whole = vec![];
-        let mut d = Decoder::new();
-        for ev in &evs {
-            d.on_event(ev, &mut whole);
-        }
-        d.finish(&mut whole);
+        let (_, whole) = decode_all(&evs);
         // Split every data event at each position (same timestamp).
         for cut in [1usize, 2, 3, 5, 7, 13] {
-            let mut d = Decoder::new();
-            let mut split = vec![];
-            for ev in &evs {
-                match ev {
-                    tokentap::event::SocketEvent::Data(de) if de.data.len() > cut => {
-                        let (a, b) = de.data.split_at(cut);
-                        for part in [a, b] {
-                            let mut p = de.clone();
-                            p.ret = part.len() as i64;
-                            p.data = part.to_vec();
-                            d.on_event(&tokentap::event::SocketEvent::Data(p), &mut split);
-                        }
-                    }
-                    _ => d.on_event(ev, &mut split),
-                }
-            }
-            d.finish(&mut split);
+            let (_, split) = decode_all(&split_calls(&evs, cut));
             assert_eq!(split, whole, "{} split at {cut}", f.display());
         }
     }
@@ -153,6 +132,29 @@ fn read_capture(path: &std::path::Path) -> Vec<tokentap::event::SocketEvent> {
         .filter(|l| !l.trim().is_empty())
         .map(|l| tokentap::capfile::from_line(l).unwrap())
         .collect()
+}
+
+/// Every data event longer than `cut` split in two at `cut` (same time).
+fn split_calls(
+    evs: &[tokentap::event::SocketEvent],
+    cut: usize,
+) -> Vec<tokentap::event::SocketEvent> {
+    let mut out = vec![];
+    for ev in evs {
+        match ev {
+            tokentap::event::SocketEvent::Data(de) if de.data.len() > cut => {
+                let (a, b) = de.data.split_at(cut);
+                for part in [a, b] {
+                    let mut p = de.clone();
+                    p.ret = part.len() as i64;
+                    p.data = part.to_vec();
+                    out.push(tokentap::event::SocketEvent::Data(p));
+                }
+            }
+            _ => out.push(ev.clone()),
+        }
+    }
+    out
 }
 
 fn decode_all(evs: &[tokentap::event::SocketEvent]) -> (Decoder, Vec<tokentap::record::Finished>) {
@@ -284,22 +286,7 @@ fn captures_of_real_peers_decode_the_same_when_every_call_is_split() {
         let evs = read_capture(&f);
         let (_, whole) = decode_all(&evs);
         for cut in [1usize, 5, 9, 10, 14, 100] {
-            let mut split_evs = vec![];
-            for ev in &evs {
-                match ev {
-                    tokentap::event::SocketEvent::Data(de) if de.data.len() > cut => {
-                        let (a, b) = de.data.split_at(cut);
-                        for part in [a, b] {
-                            let mut p = de.clone();
-                            p.ret = part.len() as i64;
-                            p.data = part.to_vec();
-                            split_evs.push(tokentap::event::SocketEvent::Data(p));
-                        }
-                    }
-                    _ => split_evs.push(ev.clone()),
-                }
-            }
-            let (_, split) = decode_all(&split_evs);
+            let (_, split) = decode_all(&split_calls(&evs, cut));
             assert_eq!(split, whole, "{} split at {cut}", f.display());
         }
     }

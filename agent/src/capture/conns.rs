@@ -35,6 +35,12 @@ pub(super) fn peer_from_header(h: &RecordHeader) -> Option<SocketAddr> {
     Some(SocketAddr::new(ip, h.port))
 }
 
+/// Whether two peer addresses are the same (IPv4-mapped IPv6 as IPv4).
+fn same_peer(a: Option<SocketAddr>, b: Option<SocketAddr>) -> bool {
+    let canon = |s: SocketAddr| SocketAddr::new(s.ip().to_canonical(), s.port());
+    matches!((a, b), (Some(a), Some(b)) if canon(a) == canon(b))
+}
+
 impl State {
     fn table(&mut self, pid: u32, reload: bool) -> &[TcpEntry] {
         if reload || !self.tables.contains_key(&pid) {
@@ -58,12 +64,30 @@ impl State {
     }
 
     /// What the listening fd of an accept-born connection is, if any.
+    /// An accept the thread entered before the agent attached has no
+    /// saved arguments (`listen_fd` −1): then the process's only listening
+    /// port (or the only one of them the capture selects) is its port.
     fn listener(&mut self, pid: u32, listen_fd: i32, sc: u8) -> Option<FdKind> {
         let accepted = sc == Syscall::Accept as u8 || sc == Syscall::Accept4 as u8;
-        if !accepted || listen_fd < 0 {
+        if !accepted {
             return None;
         }
-        Some(self.classify(pid, listen_fd))
+        if listen_fd >= 0 {
+            return Some(self.classify(pid, listen_fd));
+        }
+        let owned = procfs::socket_fds(&self.proc_root.clone(), pid);
+        let mut ports = procfs::listening_ports(self.table(pid, false), &owned);
+        if ports.len() > 1 && !self.ports.is_empty() {
+            ports.retain(|p| self.ports.contains(p));
+        }
+        let mut only = ports.into_iter();
+        match (only.next(), only.next()) {
+            (Some(port), None) => Some(FdKind::Tcp {
+                local: SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port),
+                peer: None,
+            }),
+            _ => None,
+        }
     }
 
     pub(super) fn untrack(&mut self, pid: u32, fd: i32) {
@@ -94,21 +118,34 @@ impl State {
         } else {
             Role::Server
         };
+        let from_header = peer_from_header(h);
         let (local, peer) = match self.classify(pid, fd) {
-            FdKind::Tcp { local, peer } => (Some(local), peer.or_else(|| peer_from_header(h))),
-            FdKind::NotTcp => {
-                self.untrack(pid, fd);
-                return;
+            // The same connection (its peer is the one accept/connect
+            // reported, or none was reported).
+            FdKind::Tcp { local, peer }
+                if from_header.is_none() || peer.is_none() || same_peer(peer, from_header) =>
+            {
+                (Some(local), peer.or(from_header))
             }
-            // The connection closed before we looked. An accepted one can
-            // still be judged by its listening socket, which outlives it.
-            FdKind::Unknown => match self.listener(pid, h.offset as i32, h.syscall) {
-                Some(FdKind::Tcp { local, .. }) => (Some(local), peer_from_header(h)),
+            // The fd is already something else: the connection closed
+            // before we looked, and its number was reused (a short-lived
+            // probe: its data is already on its way). An accepted one is
+            // still judged by its listening socket, which outlives it: an
+            // accept on a TCP listener yields a TCP connection on its port.
+            other => match self.listener(pid, h.offset as i32, h.syscall) {
+                Some(FdKind::Tcp { local, .. }) => (Some(local), from_header),
                 Some(FdKind::NotTcp) => {
                     self.untrack(pid, fd);
                     return;
                 }
-                _ => (None, peer_from_header(h)),
+                _ => match other {
+                    FdKind::NotTcp => {
+                        self.untrack(pid, fd);
+                        return;
+                    }
+                    FdKind::Tcp { local, .. } => (Some(local), from_header),
+                    FdKind::Unknown => (None, from_header),
+                },
             },
         };
         if !self.selected(role, local) {

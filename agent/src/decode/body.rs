@@ -45,6 +45,14 @@ impl Body {
         matches!(self, Body::Plain { .. })
     }
 
+    /// Bytes a plain body keeps (0 for streams: they keep a partial line).
+    pub fn kept(&self) -> usize {
+        match self {
+            Body::Plain { buf, .. } => buf.len(),
+            _ => 0,
+        }
+    }
+
     /// Bytes of a plain body were not kept: it is not read at its end.
     pub fn cut(&mut self) {
         if let Body::Plain { complete, .. } = self {

@@ -353,6 +353,21 @@ impl Call {
         self.req.buffered() + self.resp.buffered() + self.scratch.capacity()
     }
 
+    /// Nothing open on it: a stream seen mid-way that carried no request.
+    pub fn is_idle(&self) -> bool {
+        self.xs.is_empty()
+    }
+
+    /// One direction's messages lost step (a joined stream): start again
+    /// at the next message the caller finds.
+    pub fn resync(&mut self, request: bool) {
+        if request {
+            self.req = Framer::default();
+        } else {
+            self.resp = Framer::default();
+        }
+    }
+
     /// LLM requests in flight on this stream.
     pub fn each_in_flight(&self, f: &mut dyn FnMut(crate::record::InFlight)) {
         for x in self.xs.iter().filter(|x| x.may_be_llm()) {
@@ -418,8 +433,11 @@ impl Call {
         out: &mut Out<'_>,
         counts: &mut GrpcCounts,
     ) -> Result<(), GrpcError> {
-        for x in &mut self.xs {
-            x.last_response_byte_ns = Some(ts);
+        // On a Triton stream a response is its own request's (by id).
+        if self.service != Service::TritonStream {
+            for x in &mut self.xs {
+                x.last_response_byte_ns = Some(ts);
+            }
         }
         let mut resp = std::mem::take(&mut self.resp);
         let r = resp.feed(bytes, ts, &|_| None, &mut |m| {
@@ -545,22 +563,11 @@ impl Call {
             }
             Service::Vllm | Service::Sglang | Service::Generate => {
                 let Some(x) = self.xs.back_mut() else { return };
-                let (id, tokenized, text) = if self.service == Service::Sglang {
-                    match proto::SglangGenerateRequest::decode(data) {
-                        Ok(r) => (r.request_id, r.tokenized, None),
-                        Err(_) => {
-                            counts.bad_messages += 1;
-                            return;
-                        }
-                    }
-                } else {
-                    match proto::VllmGenerateRequest::decode(data) {
-                        Ok(r) => (r.request_id, r.tokenized, r.text),
-                        Err(_) => {
-                            counts.bad_messages += 1;
-                            return;
-                        }
-                    }
+                let Ok((id, tokenized, text)) =
+                    proto::generate_request(data, self.service == Service::Sglang)
+                else {
+                    counts.bad_messages += 1;
+                    return;
                 };
                 x.request_id = (!id.is_empty()).then(|| bounded(&id));
                 if let Some(t) = text {
@@ -607,6 +614,7 @@ impl Call {
                     return;
                 };
                 let x = &mut self.xs[i];
+                x.last_response_byte_ns = Some(ts);
                 let failed = !r.error_message.is_empty();
                 let mut info = triton_outputs(&resp, true);
                 info.error = failed;
@@ -648,30 +656,11 @@ impl Call {
                     counts.orphan_responses += 1;
                     return;
                 };
-                let (chunk, complete) = if self.service == Service::Sglang {
-                    match proto::SglangGenerateResponse::decode(data) {
-                        Ok(r) => match r.response {
-                            Some(proto::SglangResponse::Chunk(c)) => (Some(c), None),
-                            Some(proto::SglangResponse::Complete(c)) => (None, Some(c)),
-                            None => (None, None),
-                        },
-                        Err(_) => {
-                            counts.bad_messages += 1;
-                            return;
-                        }
-                    }
-                } else {
-                    match proto::VllmGenerateResponse::decode(data) {
-                        Ok(r) => match r.response {
-                            Some(proto::VllmResponse::Chunk(c)) => (Some(c), None),
-                            Some(proto::VllmResponse::Complete(c)) => (None, Some(c)),
-                            None => (None, None),
-                        },
-                        Err(_) => {
-                            counts.bad_messages += 1;
-                            return;
-                        }
-                    }
+                let Ok((chunk, complete)) =
+                    proto::generate_response(data, self.service == Service::Sglang)
+                else {
+                    counts.bad_messages += 1;
+                    return;
                 };
                 let nonzero = |n: u32| (n > 0).then_some(u64::from(n));
                 if let Some(c) = chunk {

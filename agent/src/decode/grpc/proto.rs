@@ -191,6 +191,41 @@ pub enum SglangResponse {
     Complete(SglangGenerateComplete),
 }
 
+/// A `Generate` request's id, token ids and text (vLLM's or SGLang's).
+pub fn generate_request(
+    msg: &[u8],
+    sglang: bool,
+) -> Result<(String, Option<TokenizedInput>, Option<String>), prost::DecodeError> {
+    Ok(if sglang {
+        let r = SglangGenerateRequest::decode(msg)?;
+        (r.request_id, r.tokenized, None)
+    } else {
+        let r = VllmGenerateRequest::decode(msg)?;
+        (r.request_id, r.tokenized, r.text)
+    })
+}
+
+/// A `Generate` response: a streamed chunk or the completion (vLLM's and
+/// SGLang's number them differently).
+pub fn generate_response(
+    msg: &[u8],
+    sglang: bool,
+) -> Result<(Option<GenerateStreamChunk>, Option<VllmGenerateComplete>), prost::DecodeError> {
+    Ok(if sglang {
+        match SglangGenerateResponse::decode(msg)?.response {
+            Some(SglangResponse::Chunk(c)) => (Some(c), None),
+            Some(SglangResponse::Complete(c)) => (None, Some(c)),
+            None => (None, None),
+        }
+    } else {
+        match VllmGenerateResponse::decode(msg)?.response {
+            Some(VllmResponse::Chunk(c)) => (Some(c), None),
+            Some(VllmResponse::Complete(c)) => (None, Some(c)),
+            None => (None, None),
+        }
+    })
+}
+
 /// Element count of a tensor of this shape (0 for a negative or absurd
 /// dimension).
 pub fn elements(shape: &[i64]) -> u64 {

@@ -294,6 +294,10 @@ impl Reader {
                 }
             }
         }
+        // A frame still open goes on in a later call: its start is not in it.
+        if let Cur::Other { start, .. } = &mut self.cur {
+            *start = 0;
+        }
         Ok(())
     }
 }
@@ -311,9 +315,15 @@ pub fn find_boundary(data: &[u8]) -> Option<usize> {
 /// ones: two when the chain starts mid-call, since one header can be
 /// look-alike bytes).
 fn chains(data: &[u8], first: bool) -> bool {
+    // Enough evidence (and a bound on the work a crafted call can cause:
+    // at most this many headers per offset tried).
+    const ENOUGH: usize = 64;
     let mut at = 0usize;
     let mut whole = 0;
     while let Some(b) = data.get(at..at + HEADER_LEN) {
+        if whole == ENOUGH {
+            break;
+        }
         let h = Header::parse(b.try_into().expect("9 bytes"));
         if !h.plausible() {
             return false;

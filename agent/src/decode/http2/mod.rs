@@ -147,6 +147,8 @@ enum Stream {
         /// first DATA frame that starts with a message prefix.
         req_synced: bool,
         resp_synced: bool,
+        /// First seen by its DATA (opened before the agent).
+        joined: bool,
     },
     /// Seen mid-way and not gRPC: ignored until it ends.
     Ignored,
@@ -165,7 +167,13 @@ pub struct Http2Conn {
     /// Body bytes left to keep across streams.
     budget: usize,
     grpc: GrpcCounts,
+    /// Stream ids ended lately (bounded): late frames on them (queued
+    /// DATA after a reset, request trailers) are not new streams.
+    closed: std::collections::VecDeque<u32>,
 }
+
+/// Ended stream ids remembered.
+const CLOSED_KEPT: usize = 256;
 
 /// A header block's fields the decoder keeps: (lowercase name, value).
 type Fields = Vec<(Vec<u8>, Vec<u8>)>;
@@ -226,6 +234,7 @@ impl Http2Conn {
             broken: false,
             budget: MAX_CONN_BODY,
             grpc: GrpcCounts::default(),
+            closed: std::collections::VecDeque::new(),
         }
     }
 
@@ -284,6 +293,7 @@ impl Http2Conn {
     /// Ends stream `id` early (reset, close, GOAWAY): what it has open
     /// ends with `why` unless its answer was complete.
     fn end_stream(&mut self, id: u32, ts: u64, why: ErrorType, out: &mut Out<'_>) {
+        self.remember_closed(id);
         match self.streams.remove(&id) {
             Some(Stream::Http(mut h)) => {
                 self.budget += h.held;
@@ -296,6 +306,37 @@ impl Http2Conn {
             }
             Some(Stream::Grpc { mut call, .. }) => call.abort(ts, why, out),
             Some(Stream::Ignored) | None => {}
+        }
+    }
+
+    fn remember_closed(&mut self, id: u32) {
+        if self.closed.len() == CLOSED_KEPT {
+            self.closed.pop_front();
+        }
+        self.closed.push_back(id);
+    }
+
+    /// Makes room for a new stream: streams seen mid-way that never became
+    /// a request (ignored ones, gRPC ones with nothing open) go first.
+    fn evict_idle(&mut self) -> bool {
+        let idle = self
+            .streams
+            .iter()
+            .filter_map(|(id, s)| match s {
+                Stream::Ignored => Some(*id),
+                Stream::Grpc {
+                    call, joined: true, ..
+                } if call.is_idle() => Some(*id),
+                _ => None,
+            })
+            .min();
+        match idle {
+            Some(id) => {
+                self.streams.remove(&id);
+                self.remember_closed(id);
+                true
+            }
+            None => false,
         }
     }
 
@@ -324,12 +365,8 @@ impl Http2Conn {
     pub fn on_data(&mut self, conn: &ConnInfo, out: &mut Out<'_>, p: Piece<'_>) -> Flow {
         let is_request = p.dir == conn.request_dir();
         if p.ret < 0 || (p.ret == 0 && p.dir == Dir::In) {
-            let gone = if conn.role == Role::Server {
-                ErrorType::ClientDisconnect
-            } else {
-                ErrorType::UpstreamReset
-            };
-            self.end_all(p.ts_ns, gone, out);
+            // The peer went away (the engine's failed call or EOF).
+            self.end_all(p.ts_ns, gone(conn, true), out);
             return Flow::Continue;
         }
         if self.broken {
@@ -376,7 +413,8 @@ impl Http2Conn {
             };
             *side = Side::new(true);
             self.joined = true;
-            let open: Vec<u32> = self.streams.keys().copied().collect();
+            let mut open: Vec<u32> = self.streams.keys().copied().collect();
+            open.sort_unstable();
             for id in open {
                 self.end_stream(id, p.ts_ns, ErrorType::TruncatedCapture, out);
             }
@@ -436,6 +474,11 @@ impl Http2Conn {
         match ev {
             Event::Frame { h, .. } if h.kind == frame::CONTINUATION => {
                 let Some(b) = side.block.as_mut().filter(|b| b.stream == h.stream) else {
+                    // Joined inside a header block: its start was before
+                    // the agent (the table knows nothing of it either).
+                    if side.block.is_none() && self.joined {
+                        return Ok(());
+                    }
                     return Err(Drop::Continuation);
                 };
                 let Event::Frame { payload, .. } = ev else {
@@ -534,11 +577,7 @@ impl Http2Conn {
                 }
             }
             frame::RST_STREAM => {
-                let why = if is_request == (conn.role == Role::Server) {
-                    ErrorType::ClientDisconnect
-                } else {
-                    ErrorType::UpstreamReset
-                };
+                let why = gone(conn, is_request);
                 self.end_stream(h.stream, ts, why, out);
                 Ok(())
             }
@@ -559,14 +598,12 @@ impl Http2Conn {
                 }
                 Ok(())
             }
-            frame::GOAWAY => {
+            // A GOAWAY's last id counts streams its receiver opened: only
+            // the server's speaks of the client's requests.
+            frame::GOAWAY if is_request != (conn.role == Role::Server) => {
                 if let Some(b) = payload.get(..4) {
                     let last = u32::from_be_bytes([b[0] & 0x7f, b[1], b[2], b[3]]);
-                    let why = if is_request == (conn.role == Role::Server) {
-                        ErrorType::ClientDisconnect
-                    } else {
-                        ErrorType::UpstreamReset
-                    };
+                    let why = gone(conn, is_request);
                     // Streams past the last one the sender processed were
                     // never answered.
                     let late: Vec<u32> =
@@ -639,10 +676,14 @@ impl Http2Conn {
             }
             return Ok(());
         }
+        if self.closed.contains(&b.stream) {
+            // Trailers of a stream already ended (reset, or answered).
+            return Ok(());
+        }
         if b.stream <= self.max_opened {
             return Err(Drop::StreamReused);
         }
-        if self.streams.len() >= MAX_STREAMS {
+        if self.streams.len() >= MAX_STREAMS && !self.evict_idle() {
             return Err(Drop::TooManyStreams);
         }
         self.max_opened = b.stream;
@@ -665,6 +706,7 @@ impl Http2Conn {
                 call: Box::new(call),
                 req_synced: true,
                 resp_synced: true,
+                joined: false,
             }
         } else {
             let mut x = Exchange::new(
@@ -742,8 +784,11 @@ impl Http2Conn {
     ) -> Result<(), Drop> {
         if !self.streams.contains_key(&id) {
             // A stream opened before the agent: gRPC when a DATA frame
-            // starts with a message prefix.
-            if !self.joined || !first || self.streams.len() >= MAX_STREAMS {
+            // starts with a message prefix. Not one that ended since.
+            if !self.joined || !first || self.closed.contains(&id) {
+                return Ok(());
+            }
+            if self.streams.len() >= MAX_STREAMS && !self.evict_idle() {
                 return Ok(());
             }
             let s = if looks_like_message(bytes) {
@@ -751,6 +796,7 @@ impl Http2Conn {
                     call: Box::new(Call::joined()),
                     req_synced: false,
                     resp_synced: false,
+                    joined: true,
                 }
             } else {
                 Stream::Ignored
@@ -771,7 +817,7 @@ impl Http2Conn {
                     h.req_cut |= n < bytes.len();
                 } else if let Some(body) = h.body.as_mut() {
                     h.x.last_response_byte_ns = Some(ts);
-                    let before = body.buffered();
+                    let before = body.kept();
                     // A plain body keeps its bytes: within the budget.
                     let n = if body.is_plain() {
                         bytes.len().min(*budget)
@@ -782,17 +828,16 @@ impl Http2Conn {
                     if n < bytes.len() {
                         body.cut();
                     }
-                    let grew = body.buffered().saturating_sub(before);
-                    if body.is_plain() {
-                        h.held += grew;
-                        *budget = budget.saturating_sub(grew);
-                    }
+                    let grew = body.kept().saturating_sub(before).min(*budget);
+                    h.held += grew;
+                    *budget -= grew;
                 }
             }
             Some(Stream::Grpc {
                 call,
                 req_synced,
                 resp_synced,
+                joined,
             }) => {
                 let synced = if is_request { req_synced } else { resp_synced };
                 if !*synced {
@@ -806,7 +851,16 @@ impl Http2Conn {
                 } else {
                     call.on_response_data(bytes, ts, out, &mut self.grpc)
                 };
-                r.map_err(Drop::Grpc)?;
+                if let Err(e) = r {
+                    if !*joined {
+                        return Err(Drop::Grpc(e));
+                    }
+                    // A stream joined mid-way was taken in step at a frame
+                    // that only looked like a message start: find the next.
+                    self.grpc.bad_messages += 1;
+                    *synced = false;
+                    call.resync(is_request);
+                }
             }
             Some(Stream::Ignored) | None => {}
         }
@@ -837,6 +891,7 @@ impl Http2Conn {
             }
             return;
         }
+        self.remember_closed(id);
         match self.streams.remove(&id) {
             Some(Stream::Http(mut h)) => {
                 self.budget += h.held;
@@ -855,6 +910,16 @@ impl Http2Conn {
 impl Default for Http2Conn {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+/// What ending a stream means when a frame of the client (`is_request`
+/// on a server connection) or of the engine ended it.
+fn gone(conn: &ConnInfo, is_request: bool) -> ErrorType {
+    if is_request == (conn.role == Role::Server) {
+        ErrorType::ClientDisconnect
+    } else {
+        ErrorType::UpstreamReset
     }
 }
 

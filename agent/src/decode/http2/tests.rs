@@ -1076,3 +1076,60 @@ fn gzip_messages_are_inflated_and_other_encodings_counted() {
     assert_eq!(out[1].record.request_id, None, "snappy: not read");
     assert_eq!(d.stats.grpc.unsupported_compression, 1);
 }
+
+#[test]
+fn a_client_goaway_does_not_end_the_clients_own_streams() {
+    let mut c = three_streams();
+    let pos = c.calls.iter().position(|x| x.0 >= 10).unwrap();
+    let goaway = [0u8; 8]; // last stream 0, NO_ERROR: the client shuts down gracefully
+    c.calls
+        .insert(pos, (10, Dir::In, frame(GOAWAY, 0, 0, &goaway)));
+    let (_, out) = run(&c.events(false));
+    check_three(&out);
+}
+
+#[test]
+fn late_frames_on_ended_streams_of_a_joined_connection_do_not_pile_up() {
+    // Joined mid-way; 300 streams each reset by the client, then the
+    // engine's queued DATA and the client's trailers on them: the
+    // connection stays decoded and a later request is recorded.
+    let mut c = Conv::default();
+    for i in 0..300u32 {
+        let id = 1001 + 2 * i;
+        let ms = u64::from(i);
+        c = c
+            .at(
+                ms,
+                Dir::In,
+                frame(HEADERS, END_HEADERS, id, &chat_headers("r")),
+            )
+            .at(ms, Dir::In, frame(RST_STREAM, 0, id, &8u32.to_be_bytes()))
+            .at(ms, Dir::Out, frame(DATA, 0, id, &grpc(b"\x0a\x01x")))
+            .at(
+                ms,
+                Dir::In,
+                frame(
+                    HEADERS,
+                    END_HEADERS | END_STREAM,
+                    id,
+                    &Block::default().lit("x-t", "1").bytes(),
+                ),
+            );
+    }
+    let body = r#"{"model":"after","stream":true,"messages":[]}"#;
+    let mut req = frame(HEADERS, END_HEADERS, 2001, &chat_headers("z"));
+    req.extend(frame(DATA, END_STREAM, 2001, body.as_bytes()));
+    let mut resp = frame(HEADERS, END_HEADERS, 2001, &ok_sse_headers());
+    resp.extend(frame(
+        DATA,
+        END_STREAM,
+        2001,
+        &sse_usage("chatcmpl-z", 1, 0),
+    ));
+    c = c.at(400, Dir::In, req).at(401, Dir::Out, resp);
+    let (d, out) = run(&c.events(true));
+    assert_eq!(d.stats.desyncs, 0, "{:?}", d.stats);
+    assert_eq!(out.len(), 301);
+    assert_eq!(out[300].record.request_model.as_deref(), Some("after"));
+    assert!(d.buffered_bytes() < 64 << 10);
+}

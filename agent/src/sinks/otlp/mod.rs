@@ -675,37 +675,40 @@ impl Metrics {
             "HTTP/2 header fields that named a header-table entry sent before the agent joined the connection (their values unknown)",
             |h| h.unresolved_headers.load(Ordering::Relaxed),
         );
-        for (what, name, desc) in [
-            (
-                "dropped",
-                "tokentap.decode.http2.dropped",
-                "HTTP/2 connections dropped from decoding, by reason (malformed frames, HPACK errors, a header block that never ends, a gRPC length past 64 MiB, a reused stream id, too many streams); also counted in tokentap.decode.errors",
-            ),
-            (
-                "grpc_skipped",
-                "tokentap.decode.grpc.skipped",
-                "gRPC messages not read, by reason (unsupported_compression, oversized: read from their leading fields, bad_message, unrecognised service, orphan_response)",
-            ),
-        ] {
-            let hp = health.clone();
-            let _ = meter
-                .u64_observable_counter(name)
-                .with_unit("{event}")
-                .with_description(desc)
-                .with_callback(move |o| {
-                    let counts = hp
-                        .protocol_counts
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .clone();
-                    for (w, reason, n) in counts {
-                        if w == what {
-                            o.observe(n, &[KeyValue::new("reason", reason)]);
+        // Counters by `reason`: (what, reason, n) rows of the health copy.
+        let by_reason =
+            |name: &'static str, unit: &'static str, what: &'static str, desc: &'static str| {
+                let hp = health.clone();
+                meter
+                    .u64_observable_counter(name)
+                    .with_unit(unit)
+                    .with_description(desc)
+                    .with_callback(move |o| {
+                        let counts = hp
+                            .protocol_counts
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .clone();
+                        for (w, reason, n) in counts {
+                            if w == what {
+                                o.observe(n, &[KeyValue::new("reason", reason)]);
+                            }
                         }
-                    }
-                })
-                .build();
-        }
+                    })
+                    .build()
+            };
+        let _ = by_reason(
+            "tokentap.decode.http2.dropped",
+            "{connection}",
+            "dropped",
+            "HTTP/2 connections dropped from decoding, by reason (malformed frames, HPACK errors, a header block that never ends, a gRPC length past 64 MiB, a reused stream id, too many streams); also counted in tokentap.decode.errors",
+        );
+        let _ = by_reason(
+            "tokentap.decode.grpc.skipped",
+            "{message}",
+            "grpc_skipped",
+            "gRPC messages not read, by reason (unsupported_compression, oversized: read from their leading fields, bad_message, unrecognised service, orphan_response)",
+        );
         let _ = obs_u64(
             "tokentap.metrics.attribute_overflow",
             "{value}",
