@@ -94,6 +94,9 @@ pub fn data_sys_exit(ctx: BtfTracePointContext) -> i32 {
     if unsafe { CONNS.get(&conn_key(tgid, fd)) }.is_none() {
         return 0;
     }
+    if crate::tls::in_ssl_call(id, fd) {
+        return 0;
+    }
     let p = Pending {
         ptr: reg(regs, SI),
         len: reg(regs, DX),

@@ -75,6 +75,11 @@ fn exit(ctx: &TracePointContext) -> u32 {
     if r == -EAGAIN {
         return 0;
     }
+    // Inside an SSL call: ciphertext, whose plaintext the call's return
+    // reports (and this names its socket).
+    if crate::tls::in_ssl_call(id, p.fd) {
+        return 0;
+    }
     emit(id, &p, r);
     0
 }

@@ -15,7 +15,7 @@
 /// Bumped whenever a layout below changes. The kernel object carries it in
 /// its [`ABI_SECTION`] ELF section; the agent compares the two before
 /// loading and refuses a mismatch.
-pub const ABI_VERSION: u32 = 7;
+pub const ABI_VERSION: u32 = 8;
 
 /// ELF section of the kernel object holding [`ABI_VERSION`] as a
 /// little-endian u32.
@@ -113,6 +113,11 @@ pub enum Syscall {
     Close = 12,
     /// Seeded by userspace from /proc, not by a syscall.
     Seed = 13,
+    /// TLS plaintext an OpenSSL `SSL_read[_ex]` returned (a uprobe, not a
+    /// syscall: the bytes the socket read inside it were ciphertext).
+    SslRead = 14,
+    /// TLS plaintext given to OpenSSL's `SSL_write[_ex]`.
+    SslWrite = 15,
 }
 
 impl Syscall {
@@ -131,13 +136,15 @@ impl Syscall {
             11 => Self::Connect,
             12 => Self::Close,
             13 => Self::Seed,
+            14 => Self::SslRead,
+            15 => Self::SslWrite,
             _ => return None,
         })
     }
 
     /// The syscall a [`name`](Syscall::name) names.
     pub fn from_name(name: &str) -> Option<Self> {
-        (1..=13u8)
+        (1..=15u8)
             .filter_map(Self::from_u8)
             .find(|s| s.name() == name)
     }
@@ -157,13 +164,19 @@ impl Syscall {
             Self::Connect => "connect",
             Self::Close => "close",
             Self::Seed => "seed",
+            Self::SslRead => "ssl_read",
+            Self::SslWrite => "ssl_write",
         }
     }
 
     pub fn direction(self) -> Option<Direction> {
         match self {
-            Self::Read | Self::Readv | Self::Recvfrom | Self::Recvmsg => Some(Direction::In),
-            Self::Write | Self::Writev | Self::Sendto | Self::Sendmsg => Some(Direction::Out),
+            Self::Read | Self::Readv | Self::Recvfrom | Self::Recvmsg | Self::SslRead => {
+                Some(Direction::In)
+            }
+            Self::Write | Self::Writev | Self::Sendto | Self::Sendmsg | Self::SslWrite => {
+                Some(Direction::Out)
+            }
             _ => None,
         }
     }

@@ -30,6 +30,8 @@ mod data;
 mod maps;
 #[cfg(target_arch = "bpf")]
 mod process;
+#[cfg(target_arch = "bpf")]
+mod tls;
 
 #[cfg(target_arch = "bpf")]
 #[panic_handler]

@@ -59,6 +59,15 @@ pub struct DataEvent {
 }
 
 impl DataEvent {
+    /// TLS plaintext (OpenSSL's `SSL_read` / `SSL_write`, from the TLS
+    /// source) rather than the socket's own bytes.
+    pub fn is_tls_plaintext(&self) -> bool {
+        matches!(
+            self.syscall,
+            Some(agent_ebpf::Syscall::SslRead | agent_ebpf::Syscall::SslWrite)
+        )
+    }
+
     /// True when fewer bytes were captured than the call moved.
     pub fn truncated(&self) -> bool {
         self.ret > 0 && (self.data.len() as i64) < self.ret

@@ -18,6 +18,7 @@ mod records;
 mod ring;
 pub mod sockfd;
 mod targets;
+pub mod tls;
 
 use std::{
     collections::{HashMap as StdHashMap, HashSet},
@@ -376,7 +377,9 @@ pub struct Capture {
     kernel_log: aya_log::EbpfLogger<kernel_log::KernelLog>,
     kernel_reports: Arc<AtomicU64>,
     _config: Array<MapData, Config>,
-    _ebpf: Ebpf,
+    ebpf: Ebpf,
+    tls: tls::TlsSource,
+    tls_scanned: std::time::Instant,
 }
 
 impl Capture {
@@ -517,7 +520,9 @@ impl Capture {
             kernel_log,
             kernel_reports,
             _config: config,
-            _ebpf: ebpf,
+            ebpf,
+            tls: tls::TlsSource::default(),
+            tls_scanned: std::time::Instant::now(),
         };
         // --port: the engines' ports are known before any engine is.
         let ports = opts.ports.clone();
@@ -564,6 +569,7 @@ impl Capture {
         }
         for p in self.st.add_tree(pid)? {
             self.st.seed_pid(p, out);
+            self.tls.scan(&mut self.ebpf, &self.st.proc_root, p);
         }
         Ok(true)
     }
@@ -589,6 +595,7 @@ impl Capture {
         let pids: Vec<u32> = self.targets();
         for pid in pids {
             self.st.seed_pid(pid, out);
+            self.tls.scan(&mut self.ebpf, &self.st.proc_root, pid);
         }
     }
 
@@ -597,6 +604,13 @@ impl Capture {
     /// reader only every `Config::wakeup_every` records per CPU, so the
     /// poll timer is what picks up a trickle of records.
     pub async fn next_events(&mut self, out: &mut Vec<SocketEvent>) -> Result<()> {
+        // Libraries loaded after a target started (Python's `import ssl`).
+        if self.tls_scanned.elapsed() >= std::time::Duration::from_secs(2) {
+            self.tls_scanned = std::time::Instant::now();
+            for pid in self.targets() {
+                self.tls.scan(&mut self.ebpf, &self.st.proc_root, pid);
+            }
+        }
         match tokio::time::timeout(POLL_INTERVAL, self.ring.readable_mut()).await {
             Ok(guard) => {
                 let mut guard = guard?;

@@ -63,6 +63,9 @@ pub enum When {
     /// the program reads (`agent_ebpf::arrival_tp`); else the agent runs
     /// without arrival times, said once.
     Arrival,
+    /// Per TLS library the targets map, by the TLS source
+    /// (`capture::tls`), never at start-up.
+    Tls,
 }
 
 /// One row of the table.
@@ -143,7 +146,27 @@ pub const PROBES: &[Probe] = &[
     syscall("sys_exit_sendmsg", When::DataTracepoint),
     // Request arrival (arrival.rs).
     tracepoint("tcp_probe", "tcp", "tcp_probe", When::Arrival),
+    // TLS plaintext (tls.rs): attached per library (`capture::tls`; the
+    // return program on every function of `tls::TLS_SYMBOLS`).
+    tls("ssl_write", "SSL_write", false),
+    tls("ssl_write_ex", "SSL_write_ex", false),
+    tls("ssl_read", "SSL_read", false),
+    tls("ssl_read_ex", "SSL_read_ex", false),
+    tls("ssl_ret", "SSL_read", true),
 ];
+
+/// A TLS uprobe row (the library is each one the targets map).
+const fn tls(program: &'static str, symbol: &'static str, ret: bool) -> Probe {
+    Probe {
+        program,
+        attach: Attach::Uprobe {
+            target: "libssl.so.3",
+            symbol,
+            ret,
+        },
+        when: When::Tls,
+    }
+}
 
 /// What this kernel and these options select from the table.
 struct Kernel {
@@ -169,7 +192,7 @@ impl Kernel {
             When::DataTracepoint => self.data == DataHooks::Tracepoint,
             When::DataBtf => self.data == DataHooks::Btf,
             When::ForkLayout(at) => self.fork_layout == Some(at),
-            When::Arrival => false,
+            When::Arrival | When::Tls => false,
         }
     }
 }

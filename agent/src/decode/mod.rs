@@ -363,6 +363,12 @@ impl Sniff {
     }
 }
 
+/// The connection table key of a socket's TLS plaintext (fds are below
+/// 2^30).
+fn tls_key(pid: u32, fd: i32) -> (u32, i32) {
+    (pid, fd | 1 << 30)
+}
+
 /// A keyed hash (SipHash with this process's random key) of a request
 /// body: byte-identical bodies (a client's retries) get the same value
 /// within one run; the body cannot be recovered from it and the value means
@@ -582,8 +588,10 @@ impl Decoder {
                 let key = (o.pid, o.fd);
                 // A reused fd: whatever was pending on the old connection
                 // ended without a close event.
-                if let Some(old) = conns.remove(&key) {
-                    old.proto.end(End::Abandon(o.ts_ns), &mut out);
+                for k in [key, tls_key(o.pid, o.fd)] {
+                    if let Some(old) = conns.remove(&k) {
+                        old.proto.end(End::Abandon(o.ts_ns), &mut out);
+                    }
                 }
                 let (server_port, client) = match o.role {
                     Role::Server => (o.local.map(|a| a.port()), o.peer.map(|a| a.to_string())),
@@ -602,6 +610,9 @@ impl Decoder {
                 conns.insert(key, conn);
             }
             SocketEvent::Close(c) => {
+                if let Some(conn) = conns.remove(&tls_key(c.pid, c.fd)) {
+                    conn.proto.end(End::Close(c.ts_ns), &mut out);
+                }
                 if let Some(conn) = conns.remove(&(c.pid, c.fd)) {
                     if let Some((port, peer)) = conn.addr {
                         arrivals.release(port, peer, (c.pid, c.fd));
@@ -623,6 +634,29 @@ impl Decoder {
             SocketEvent::Data(d) => {
                 if d.truncated() {
                     out.stats.truncated_calls += 1;
+                }
+                // TLS plaintext (the TLS source's records) is decoded as a
+                // connection of its own beside the ciphertext one, with the
+                // socket's identity.
+                if d.is_tls_plaintext() {
+                    let info = conns.get(&(d.pid, d.fd)).map(|c| {
+                        (
+                            c.info.role,
+                            c.info.server_port,
+                            c.info.client.clone(),
+                            c.joined,
+                        )
+                    });
+                    let conn = conns.entry(tls_key(d.pid, d.fd)).or_insert_with(|| {
+                        let (role, port, client, joined) =
+                            info.unwrap_or((Role::Server, None, None, true));
+                        Conn {
+                            joined,
+                            ..Conn::new(d.pid, role, port, client)
+                        }
+                    });
+                    on_data(conn, d, &mut out);
+                    return;
                 }
                 // Data before (or without) an open event: a connection
                 // open before the agent. Assume the common case, a server
