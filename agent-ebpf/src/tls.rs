@@ -57,7 +57,11 @@ fn enter(ctx: &ProbeContext, sc: Syscall, ex: bool) -> u32 {
     let (Some(ssl), Some(buf)) = (ctx.arg::<u64>(0), ctx.arg::<u64>(1)) else {
         return 0;
     };
-    let out_len = if ex { ctx.arg::<u64>(3).unwrap_or(0) } else { 0 };
+    let out_len = if ex {
+        ctx.arg::<u64>(3).unwrap_or(0)
+    } else {
+        0
+    };
     let call = SslCall {
         ssl,
         buf,

@@ -76,6 +76,8 @@ pub struct CaptureOptions {
     /// Timestamp request bytes as they reach the engines' sockets
     /// (`tcp:tcp_probe`); off, or refused by the kernel: t0 is the read.
     pub arrival: bool,
+    /// Read TLS plaintext from OpenSSL in the targets (`tls`).
+    pub tls: bool,
     /// Which hooks capture socket data.
     pub data_hooks: DataHooks,
     /// The benchmark's reference capture path (`cargo xtask bench capture`
@@ -109,6 +111,7 @@ impl Default for CaptureOptions {
             proc_root: PathBuf::from("/proc"),
             allow_no_targets: false,
             arrival: true,
+            tls: true,
             data_hooks: DataHooks::Auto,
             #[cfg(feature = "bench-reference")]
             capture_reference: false,
@@ -521,7 +524,7 @@ impl Capture {
             kernel_reports,
             _config: config,
             ebpf,
-            tls: tls::TlsSource::default(),
+            tls: tls::TlsSource::new(opts.tls),
             tls_scanned: std::time::Instant::now(),
         };
         // --port: the engines' ports are known before any engine is.

@@ -58,6 +58,8 @@ pub fn libssl_paths(maps: &str) -> Vec<String> {
 
 #[derive(Default)]
 pub struct TlsSource {
+    /// Off (`--no-tls`): nothing is attached.
+    off: bool,
     loaded: bool,
     /// Library files attached, by (device, inode).
     attached: HashSet<(u64, u64)>,
@@ -67,6 +69,13 @@ pub struct TlsSource {
 }
 
 impl TlsSource {
+    pub fn new(on: bool) -> Self {
+        TlsSource {
+            off: !on,
+            ..Self::default()
+        }
+    }
+
     /// Loads the TLS programs (once); false when the object has none or
     /// the kernel refused them (said once).
     fn load(&mut self, ebpf: &mut Ebpf) -> Result<()> {
@@ -89,11 +98,16 @@ impl TlsSource {
     /// Attaches the TLS programs to every libssl `pid` maps that is not
     /// attached yet.
     pub fn scan(&mut self, ebpf: &mut Ebpf, proc_root: &Path, pid: u32) {
+        if self.off {
+            return;
+        }
         let Ok(maps) = std::fs::read_to_string(proc_root.join(format!("{pid}/maps"))) else {
             return;
         };
         for lib in libssl_paths(&maps) {
-            let path: PathBuf = proc_root.join(format!("{pid}/root")).join(lib.trim_start_matches('/'));
+            let path: PathBuf = proc_root
+                .join(format!("{pid}/root"))
+                .join(lib.trim_start_matches('/'));
             let Ok(meta) = std::fs::metadata(&path) else {
                 continue;
             };
@@ -133,7 +147,7 @@ impl TlsSource {
                 Err(e) if symbol.ends_with("_ex") => {
                     log::debug!("{symbol} not attached on {}: {e}", path.display());
                 }
-                Err(e) => return Err(e).with_context(|| format!("{symbol}")),
+                Err(e) => return Err(e).context(symbol),
             }
         }
         Ok(n)
@@ -150,6 +164,9 @@ mod tests {
                     7f01-7f02 r--p 00000000 08:01 1234 /usr/lib/x86_64-linux-gnu/libssl.so.3\n\
                     7f02-7f03 r-xp 00000000 08:01 99 /usr/lib/x86_64-linux-gnu/libssl3.so\n\
                     7f03-7f04 rw-p 00000000 00:00 0 \n";
-        assert_eq!(libssl_paths(maps), vec!["/usr/lib/x86_64-linux-gnu/libssl.so.3"]);
+        assert_eq!(
+            libssl_paths(maps),
+            vec!["/usr/lib/x86_64-linux-gnu/libssl.so.3"]
+        );
     }
 }

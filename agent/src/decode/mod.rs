@@ -471,9 +471,23 @@ struct Conn {
     /// First seen by its data (no open event): it may be mid-request or
     /// mid-response, so decoding starts at the next request.
     joined: bool,
+    /// Served TLS: counted as not decoded (`unsupported_protocol`, the
+    /// engine named) when it ends without any plaintext from the TLS
+    /// source (`plain`).
+    tls_served: bool,
+    plain: bool,
 }
 
 impl Conn {
+    /// The connection ended: a served TLS one that never showed plaintext
+    /// was not measured.
+    fn ended(&self, out: &mut Out<'_>) {
+        if self.tls_served && !self.plain {
+            out.stats.unsupported_protocol += 1;
+            out.tls_server(self.info.pid, self.info.server_port);
+        }
+    }
+
     fn new(pid: u32, role: Role, server_port: Option<u16>, client: Option<String>) -> Self {
         Conn {
             info: ConnInfo {
@@ -486,6 +500,8 @@ impl Conn {
             ledger: None,
             addr: None,
             joined: false,
+            tls_served: false,
+            plain: false,
         }
     }
 }
@@ -590,6 +606,7 @@ impl Decoder {
                 // ended without a close event.
                 for k in [key, tls_key(o.pid, o.fd)] {
                     if let Some(old) = conns.remove(&k) {
+                        old.ended(&mut out);
                         old.proto.end(End::Abandon(o.ts_ns), &mut out);
                     }
                 }
@@ -614,6 +631,7 @@ impl Decoder {
                     conn.proto.end(End::Close(c.ts_ns), &mut out);
                 }
                 if let Some(conn) = conns.remove(&(c.pid, c.fd)) {
+                    conn.ended(&mut out);
                     if let Some((port, peer)) = conn.addr {
                         arrivals.release(port, peer, (c.pid, c.fd));
                     }
@@ -639,7 +657,8 @@ impl Decoder {
                 // connection of its own beside the ciphertext one, with the
                 // socket's identity.
                 if d.is_tls_plaintext() {
-                    let info = conns.get(&(d.pid, d.fd)).map(|c| {
+                    let info = conns.get_mut(&(d.pid, d.fd)).map(|c| {
+                        c.plain = true;
                         (
                             c.info.role,
                             c.info.server_port,
@@ -688,6 +707,7 @@ impl Decoder {
         };
         for k in keys {
             if let Some(c) = self.conns.remove(&k) {
+                c.ended(&mut out);
                 c.proto.end(End::Finish, &mut out);
             }
         }
@@ -841,11 +861,12 @@ fn on_data(conn: &mut Conn, d: &DataEvent, out: &mut Out<'_>) {
         }
         // An engine's own outgoing HTTPS (model downloads, usage reports)
         // is expected and not a measurement failure: only `tls` counts it.
-        if flow == Flow::Unsupported || served {
-            out.stats.unsupported_protocol += 1;
-        }
+        // A served TLS connection is decoded from its plaintext when the
+        // TLS source has it; whether it was is known when it ends.
         if flow == Flow::Tls && served {
-            out.tls_server(conn.info.pid, conn.info.server_port);
+            conn.tls_served = true;
+        } else if flow == Flow::Unsupported {
+            out.stats.unsupported_protocol += 1;
         }
     }
     // While the sniffer still holds this call's bytes, the ledger keeps

@@ -369,6 +369,11 @@ pub struct KernelFlags {
     /// (`t0_source` "read", no `queue_s`).
     #[arg(long)]
     pub no_arrival_time: bool,
+    /// Do not read TLS plaintext from OpenSSL (uprobes on `SSL_read` /
+    /// `SSL_write` of every libssl the targets map): an engine serving
+    /// HTTPS itself is then seen as ciphertext only and not measured.
+    #[arg(long)]
+    pub no_tls: bool,
     /// How socket reads and writes are hooked. `btf`: one BTF tracepoint
     /// program on the raw `sys_exit` tracepoint (x86_64, kernel BTF, Linux
     /// 5.5+; about half the cost per traced call and per untraced write).
@@ -395,6 +400,7 @@ impl Default for KernelFlags {
             max_call_bytes: agent_ebpf::DEFAULT_MAX_CALL_BYTES,
             max_conns: DEFAULT_MAX_CONNS,
             no_arrival_time: false,
+            no_tls: false,
             data_hooks: DataHooks::Auto,
             #[cfg(feature = "bench-reference")]
             capture_reference: false,
@@ -412,6 +418,7 @@ impl KernelFlags {
             max_call_bytes: self.max_call_bytes,
             max_conns: self.max_conns,
             arrival: !self.no_arrival_time,
+            tls: !self.no_tls,
             data_hooks: self.data_hooks,
             #[cfg(feature = "bench-reference")]
             capture_reference: self.capture_reference,
