@@ -13,7 +13,7 @@ use agent_ebpf::{conn_key, Syscall};
 use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, generated::bpf_probe_read_user},
     macros::{map, uprobe, uretprobe},
-    maps::{HashMap, LruHashMap},
+    maps::LruHashMap,
     programs::{ProbeContext, RetProbeContext},
 };
 
@@ -35,9 +35,10 @@ pub struct SslCall {
     _pad: [u8; 3],
 }
 
-/// SSL calls in progress, by pid_tgid.
+/// SSL calls in progress, by pid_tgid. LRU: a thread that dies inside a
+/// call (its return never comes) must not leave a slot taken for good.
 #[map]
-pub static SSL_ACTIVE: HashMap<u64, SslCall> = HashMap::with_max_entries(16384, 0);
+pub static SSL_ACTIVE: LruHashMap<u64, SslCall> = LruHashMap::with_max_entries(16384, 0);
 
 /// The socket each SSL object used last, by (tgid, SSL pointer).
 #[map]
