@@ -94,9 +94,6 @@ pub fn data_sys_exit(ctx: BtfTracePointContext) -> i32 {
     if unsafe { CONNS.get(&conn_key(tgid, fd)) }.is_none() {
         return 0;
     }
-    if crate::tls::in_ssl_call(id, fd) {
-        return 0;
-    }
     let p = Pending {
         ptr: reg(regs, SI),
         len: reg(regs, DX),
@@ -105,6 +102,11 @@ pub fn data_sys_exit(ctx: BtfTracePointContext) -> i32 {
         armed: 0,
         _pad: [0; 2],
     };
+    if crate::tls::in_ssl_call(id, fd) {
+        crate::tls::cipher_read(id, &p, r);
+        return 0;
+    }
     emit(id, &p, r);
+    crate::tls::learn_cipher_in(id, &p, r);
     0
 }

@@ -78,9 +78,11 @@ fn exit(ctx: &TracePointContext) -> u32 {
     // Inside an SSL call: ciphertext, whose plaintext the call's return
     // reports (and this names its socket).
     if crate::tls::in_ssl_call(id, p.fd) {
+        crate::tls::cipher_read(id, &p, r);
         return 0;
     }
     emit(id, &p, r);
+    crate::tls::learn_cipher_in(id, &p, r);
     0
 }
 
@@ -103,6 +105,37 @@ pub(crate) fn emit(id: u64, p: &Pending, r: i64) {
         Some(c) => c.max_call_bytes as u64,
         None => DEFAULT_MAX_CALL_BYTES as u64,
     };
+    header(s, id, p, r);
+    if r <= 0 {
+        s.hdr.total_len = 0;
+        output(s, 0);
+        return;
+    }
+    let mut remaining = r as u64;
+    if remaining > limit {
+        remaining = limit;
+        bump(stat::CALLS_TRUNCATED);
+    }
+    s.hdr.total_len = remaining as u32;
+    emit_payload(s, p, remaining);
+}
+
+/// A record of one call without its bytes (`total_len` 0): when and how
+/// many (a ciphertext read inside an SSL call).
+#[inline(always)]
+pub(crate) fn emit_header_only(id: u64, p: &Pending, r: i64) {
+    let s = match SCRATCH.get_ptr_mut(0) {
+        // SAFETY: per-CPU scratch, this program is its only user on this CPU.
+        Some(s) => unsafe { &mut *s },
+        None => return,
+    };
+    header(s, id, p, r);
+    s.hdr.total_len = 0;
+    output(s, 0);
+}
+
+#[inline(always)]
+fn header(s: &mut crate::maps::Scratch, id: u64, p: &Pending, r: i64) {
     let dir = match Syscall::from_u8(p.syscall).and_then(Syscall::direction) {
         Some(d) => d,
         None => Direction::In,
@@ -121,19 +154,10 @@ pub(crate) fn emit(id: u64, p: &Pending, r: i64) {
     s.hdr.family = 0;
     s.hdr.port = 0;
     s.hdr.addr = [0; 16];
+}
 
-    if r <= 0 {
-        s.hdr.total_len = 0;
-        output(s, 0);
-        return;
-    }
-    let mut remaining = r as u64;
-    if remaining > limit {
-        remaining = limit;
-        bump(stat::CALLS_TRUNCATED);
-    }
-    s.hdr.total_len = remaining as u32;
-
+#[inline(always)]
+fn emit_payload(s: &mut crate::maps::Scratch, p: &Pending, remaining: u64) {
     // Fast path, the common case (an SSE chunk, a small request): one
     // contiguous buffer that fits one record. No loop, one copy.
     let sh = shape(p.syscall);

@@ -15,7 +15,7 @@
 /// Bumped whenever a layout below changes. The kernel object carries it in
 /// its [`ABI_SECTION`] ELF section; the agent compares the two before
 /// loading and refuses a mismatch.
-pub const ABI_VERSION: u32 = 8;
+pub const ABI_VERSION: u32 = 9;
 
 /// ELF section of the kernel object holding [`ABI_VERSION`] as a
 /// little-endian u32.
@@ -118,6 +118,10 @@ pub enum Syscall {
     SslRead = 14,
     /// TLS plaintext given to OpenSSL's `SSL_write[_ex]`.
     SslWrite = 15,
+    /// A socket read of ciphertext made inside an `SSL_read[_ex]`: the
+    /// record says when and how many bytes (the arrival ledger), without
+    /// them (the plaintext comes as `SslRead`).
+    TlsCipher = 16,
 }
 
 impl Syscall {
@@ -138,13 +142,14 @@ impl Syscall {
             13 => Self::Seed,
             14 => Self::SslRead,
             15 => Self::SslWrite,
+            16 => Self::TlsCipher,
             _ => return None,
         })
     }
 
     /// The syscall a [`name`](Syscall::name) names.
     pub fn from_name(name: &str) -> Option<Self> {
-        (1..=15u8)
+        (1..=16u8)
             .filter_map(Self::from_u8)
             .find(|s| s.name() == name)
     }
@@ -166,14 +171,18 @@ impl Syscall {
             Self::Seed => "seed",
             Self::SslRead => "ssl_read",
             Self::SslWrite => "ssl_write",
+            Self::TlsCipher => "tls_cipher",
         }
     }
 
     pub fn direction(self) -> Option<Direction> {
         match self {
-            Self::Read | Self::Readv | Self::Recvfrom | Self::Recvmsg | Self::SslRead => {
-                Some(Direction::In)
-            }
+            Self::Read
+            | Self::Readv
+            | Self::Recvfrom
+            | Self::Recvmsg
+            | Self::SslRead
+            | Self::TlsCipher => Some(Direction::In),
             Self::Write | Self::Writev | Self::Sendto | Self::Sendmsg | Self::SslWrite => {
                 Some(Direction::Out)
             }
@@ -324,7 +333,16 @@ pub mod stat {
     pub const TARGETS_FULL: u32 = 6;
     /// Exited thread groups the kernel removed from `TARGETS`.
     pub const TARGETS_EXITED: u32 = 7;
-    pub const COUNT: u32 = 8;
+    /// TLS calls (`SSL_read`/`SSL_write`) whose plaintext was captured.
+    pub const TLS_CALLS: u32 = 8;
+    /// TLS calls that returned plaintext on a socket not known (no socket
+    /// call inside, no earlier one for the SSL object, no memory BIO tied
+    /// to one): not captured.
+    pub const TLS_UNATTRIBUTED: u32 = 9;
+    /// Memory BIOs tied to their socket by content (`BIO_write` of bytes a
+    /// socket read returned).
+    pub const TLS_BIOS_LINKED: u32 = 10;
+    pub const COUNT: u32 = 11;
 }
 
 #[cfg(feature = "user")]

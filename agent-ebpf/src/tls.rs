@@ -8,17 +8,27 @@
 //! `SslWrite` on that connection's fd. A call that made no socket call
 //! (OpenSSL answered from its own buffer) uses the fd its SSL object had
 //! last time.
+//!
+//! Memory BIOs (Python's asyncio `SSLProtocol`, as under uvicorn): OpenSSL
+//! makes no socket call; the event loop moves ciphertext between the
+//! socket and the BIOs itself. The incoming BIO is tied to its socket by
+//! content: a socket read (outside SSL calls) whose bytes start like a TLS
+//! record leaves its first 16 bytes in `CIPHER_IN`; the `BIO_write` that
+//! hands the same bytes to a BIO names that BIO's socket (`BIO_FD`); the
+//! `BIO_read` an `SSL_read` makes from it names the SSL object's socket,
+//! and writes use the socket the same SSL object last read from.
 
-use agent_ebpf::{conn_key, Syscall};
+use agent_ebpf::{conn_key, stat, Syscall};
 use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, generated::bpf_probe_read_user},
     macros::{map, uprobe, uretprobe},
-    maps::LruHashMap,
+    maps::{Array, LruHashMap},
     programs::{ProbeContext, RetProbeContext},
 };
 
 use crate::{
-    data::emit,
+    ctx::bump,
+    data::{emit, emit_header_only},
     maps::{Pending, CONNS, TARGETS},
 };
 
@@ -44,8 +54,82 @@ pub static SSL_ACTIVE: LruHashMap<u64, SslCall> = LruHashMap::with_max_entries(1
 #[map]
 pub static SSL_FD: LruHashMap<u128, i32> = LruHashMap::with_max_entries(65536, 0);
 
+/// 1 once userspace attached the TLS programs to a library: until then
+/// the data path skips every TLS lookup.
+#[map]
+pub static TLS_ON: Array<u32> = Array::with_max_entries(1, 0);
+
+/// The socket each BIO carries, by (tgid, BIO pointer): memory BIOs,
+/// learnt by content (`CIPHER_IN`).
+#[map]
+pub static BIO_FD: LruHashMap<u128, i32> = LruHashMap::with_max_entries(65536, 0);
+
+/// The first 16 bytes of recent ciphertext socket reads (outside SSL
+/// calls), with their socket: a `BIO_write` of the same bytes ties its BIO
+/// to that socket.
+#[map]
+pub static CIPHER_IN: LruHashMap<CipherKey, i32> = LruHashMap::with_max_entries(8192, 0);
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CipherKey {
+    tgid: u64,
+    head: [u64; 2],
+}
+
 fn ssl_key(id: u64, ssl: u64) -> u128 {
     ((id >> 32) as u128) << 64 | ssl as u128
+}
+
+#[inline(always)]
+fn tls_on() -> bool {
+    TLS_ON.get(0).copied() == Some(1)
+}
+
+/// The first 16 bytes at `ptr` in the traced process, when they start
+/// like a TLS record (content type 20–23, major version 3).
+#[inline(always)]
+fn record_head(ptr: u64) -> Option<[u64; 2]> {
+    let mut head = [0u64; 2];
+    // SAFETY: writes exactly `head`'s 16 bytes; the source is the traced
+    // process's memory, read by the helper (a bad pointer is an error).
+    let rc = unsafe { bpf_probe_read_user(head.as_mut_ptr().cast(), 16, ptr as *const _) };
+    let (t, v) = (head[0] as u8, (head[0] >> 8) as u8);
+    (rc == 0 && (20..=23).contains(&t) && v == 3).then_some(head)
+}
+
+/// A socket read outside SSL calls (`data.rs`, `btf.rs`, after its record):
+/// if it read the start of a TLS record, remember its first bytes for the
+/// `BIO_write` that will hand them to OpenSSL.
+#[inline(always)]
+pub fn learn_cipher_in(id: u64, p: &Pending, r: i64) {
+    if r < 16 || !tls_on() {
+        return;
+    }
+    if p.syscall != Syscall::Read as u8 && p.syscall != Syscall::Recvfrom as u8 {
+        return;
+    }
+    if let Some(head) = record_head(p.ptr) {
+        let key = CipherKey {
+            tgid: id >> 32,
+            head,
+        };
+        let _ = CIPHER_IN.insert(&key, &p.fd, 0);
+    }
+}
+
+/// A socket read inside an SSL call: its record without the ciphertext
+/// (when and how much, for the arrival ledger).
+#[inline(always)]
+pub fn cipher_read(id: u64, p: &Pending, r: i64) {
+    if Syscall::from_u8(p.syscall).and_then(Syscall::direction) != Some(agent_ebpf::Direction::In) {
+        return;
+    }
+    let q = Pending {
+        syscall: Syscall::TlsCipher as u8,
+        ..*p
+    };
+    emit_header_only(id, &q, r);
 }
 
 #[inline(always)]
@@ -99,6 +183,9 @@ pub fn ssl_read_ex(ctx: ProbeContext) -> u32 {
 /// is `fd`, and the call's bytes (ciphertext) are not captured.
 #[inline(always)]
 pub fn in_ssl_call(id: u64, fd: i32) -> bool {
+    if !tls_on() {
+        return false;
+    }
     match SSL_ACTIVE.get_ptr_mut(&id) {
         Some(c) => {
             // SAFETY: this thread's own entry, written in place.
@@ -118,6 +205,10 @@ pub fn ssl_ret(ctx: RetProbeContext) -> u32 {
         None => return 0,
     };
     let _ = SSL_ACTIVE.remove(&id);
+    let key = ssl_key(id, call.ssl);
+    if call.fd >= 0 {
+        let _ = SSL_FD.insert(&key, &call.fd, 0);
+    }
     let r: i64 = ctx.ret();
     let n: i64 = if call.out_len != 0 {
         if r != 1 {
@@ -139,15 +230,16 @@ pub fn ssl_ret(ctx: RetProbeContext) -> u32 {
     if n <= 0 {
         return 0;
     }
-    let key = ssl_key(id, call.ssl);
     let fd = if call.fd >= 0 {
-        let _ = SSL_FD.insert(&key, &call.fd, 0);
         call.fd
     } else {
         // SAFETY: plain-data map value read by copy.
         match unsafe { SSL_FD.get(&key) } {
             Some(fd) => *fd,
-            None => return 0,
+            None => {
+                bump(stat::TLS_UNATTRIBUTED);
+                return 0;
+            }
         }
     };
     // Only connections the capture tracks (a selected port, a target's).
@@ -163,6 +255,84 @@ pub fn ssl_ret(ctx: RetProbeContext) -> u32 {
         armed: 0,
         _pad: [0; 2],
     };
+    bump(stat::TLS_CALLS);
     emit(id, &p, n);
+    0
+}
+
+/// A BIO call inside this thread's SSL call (the SSL object reading its
+/// incoming BIO, writing its outgoing one): the BIO's socket, if known, is
+/// the call's. True when there was an SSL call.
+#[inline(always)]
+fn nested_bio(id: u64, bio: u64) -> bool {
+    let Some(c) = SSL_ACTIVE.get_ptr_mut(&id) else {
+        return false;
+    };
+    // SAFETY: plain-data map value read by copy.
+    if let Some(fd) = unsafe { BIO_FD.get(&ssl_key(id, bio)) } {
+        // SAFETY: this thread's own entry, written in place.
+        unsafe {
+            if (*c).fd < 0 {
+                (*c).fd = *fd;
+            }
+        }
+    }
+    true
+}
+
+/// `BIO_write(bio, data, len)` (libcrypto): inside an SSL call, see
+/// [`nested_bio`]; outside, the event loop handing received ciphertext to
+/// a memory BIO: the socket read that returned the same bytes names it.
+#[uprobe]
+pub fn bio_write(ctx: ProbeContext) -> u32 {
+    let id = bpf_get_current_pid_tgid();
+    // SAFETY: plain-data map value read by copy.
+    if unsafe { TARGETS.get(&((id >> 32) as u32)) }.is_none() {
+        return 0;
+    }
+    let (Some(bio), Some(data), Some(len)) =
+        (ctx.arg::<u64>(0), ctx.arg::<u64>(1), ctx.arg::<i32>(2))
+    else {
+        return 0;
+    };
+    if nested_bio(id, bio) || len < 16 {
+        return 0;
+    }
+    let Some(head) = record_head(data) else {
+        return 0;
+    };
+    let key = CipherKey {
+        tgid: id >> 32,
+        head,
+    };
+    // SAFETY: plain-data map value read by copy.
+    let fd = match unsafe { CIPHER_IN.get(&key) } {
+        Some(fd) => *fd,
+        None => return 0,
+    };
+    let _ = CIPHER_IN.remove(&key);
+    let _ = BIO_FD.insert(&ssl_key(id, bio), &fd, 0);
+    bump(stat::TLS_BIOS_LINKED);
+    0
+}
+
+/// `BIO_read(bio, data, len)` (libcrypto): inside an SSL call, see
+/// [`nested_bio`].
+#[uprobe]
+pub fn bio_read(ctx: ProbeContext) -> u32 {
+    let id = bpf_get_current_pid_tgid();
+    if let Some(bio) = ctx.arg::<u64>(0) {
+        nested_bio(id, bio);
+    }
+    0
+}
+
+/// `SSL_free(ssl)`: its socket is forgotten (the pointer will be reused).
+#[uprobe]
+pub fn ssl_free(ctx: ProbeContext) -> u32 {
+    let id = bpf_get_current_pid_tgid();
+    if let Some(ssl) = ctx.arg::<u64>(0) {
+        let _ = SSL_FD.remove(&ssl_key(id, ssl));
+    }
     0
 }

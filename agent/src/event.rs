@@ -68,9 +68,15 @@ impl DataEvent {
         )
     }
 
+    /// A ciphertext read inside an SSL call: its size and time, without
+    /// its bytes (the plaintext comes from the TLS source).
+    pub fn is_tls_cipher(&self) -> bool {
+        self.syscall == Some(agent_ebpf::Syscall::TlsCipher)
+    }
+
     /// True when fewer bytes were captured than the call moved.
     pub fn truncated(&self) -> bool {
-        self.ret > 0 && (self.data.len() as i64) < self.ret
+        self.ret > 0 && (self.data.len() as i64) < self.ret && !self.is_tls_cipher()
     }
 }
 

@@ -56,13 +56,15 @@ fetch_sdist() {
 }
 
 # One build serves both engines: shared libraries for the Python server
-# and the native llama-server (cpp-httplib). No web UI, no network at
-# build time, no OpenSSL, portable code (GGML_NATIVE=OFF).
+# and the native llama-server (cpp-httplib, with OpenSSL: one binary serves
+# the plaintext tests and, with --ssl-key-file/--ssl-cert-file, the TLS
+# ones). No web UI, no network at build time, portable code
+# (GGML_NATIVE=OFF).
 llama_cmake_args=(
     -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DGGML_NATIVE=OFF
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON
     -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF
-    -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_APP=OFF
+    -DLLAMA_OPENSSL=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_APP=OFF
 )
 llama_built_stamp="$build/llama.cpp/.built-from"
 llama_built_want="llama-cpp-python=$LLAMA_CPP_PYTHON generator=Ninja cmake=$(printf '%s\n' "${llama_cmake_args[@]}" | sha256sum | cut -c1-16)"
@@ -86,6 +88,17 @@ llama_cpp_built() {
     done
 }
 
+need_openssl_headers() {
+    # llama-server's HTTPS needs OpenSSL's headers (Debian: libssl-dev).
+    [[ -f /usr/include/openssl/ssl.h ]] && return
+    if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
+        DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends libssl-dev
+    else
+        echo "peers: OpenSSL headers missing: install libssl-dev (Debian) and run again" >&2
+        exit 1
+    fi
+}
+
 build_llama_cpp() {
     # The compile takes ~11 minutes on 2 vCPUs, so a change elsewhere (say
     # requirements.txt, which re-runs this script) must not redo it: skip a
@@ -97,9 +110,15 @@ build_llama_cpp() {
         return
     fi
     rm -f "$llama_built_stamp"
+    need_openssl_headers
     PATH="$venv/bin:$PATH" cmake -S "$src/vendor/llama.cpp" -B "$build/llama.cpp" -G Ninja \
         "${llama_cmake_args[@]}" > "$build/cmake.log"
     PATH="$venv/bin:$PATH" cmake --build "$build/llama.cpp" -j "$jobs" --target llama-server llama
+    # CMake only warns when OpenSSL is missing; the TLS tests need it.
+    if ! ldd "$build/llama.cpp/bin/llama-server" | grep -q 'libssl\.so'; then
+        echo "peers: llama-server was built without OpenSSL (see $build/cmake.log)" >&2
+        exit 1
+    fi
     echo "$llama_built_want" > "$llama_built_stamp"
 }
 

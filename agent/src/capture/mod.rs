@@ -184,6 +184,8 @@ pub struct CaptureStats {
     /// Reports of rare conditions the kernel programs sent (aya-log; the
     /// texts are in the agent's log, `tokentap::kernel`).
     pub kernel_reports: u64,
+    /// The TLS source (`tokentap.tls.*`).
+    pub tls: tls::TlsCounts,
 }
 
 /// Records per CPU between forced reader wake-ups: `cap`, or fewer so
@@ -610,6 +612,7 @@ impl Capture {
         // Libraries loaded after a target started (Python's `import ssl`).
         if self.tls_scanned.elapsed() >= std::time::Duration::from_secs(2) {
             self.tls_scanned = std::time::Instant::now();
+            self.tls.retain(&mut self.ebpf, &self.st.target_pids);
             for pid in self.targets() {
                 self.tls.scan(&mut self.ebpf, &self.st.proc_root, pid);
             }
@@ -696,6 +699,12 @@ impl Capture {
             targets_in_kernel: st.kernel_target_count(),
             proc_events_dropped: st.proc_events_dropped,
             kernel_reports: self.kernel_reports.load(Ordering::Relaxed),
+            tls: tls::TlsCounts {
+                source: self.tls.stats(),
+                calls: sum(stat::TLS_CALLS),
+                unattributed: sum(stat::TLS_UNATTRIBUTED),
+                bios_linked: sum(stat::TLS_BIOS_LINKED),
+            },
         }
     }
 }

@@ -146,21 +146,31 @@ pub const PROBES: &[Probe] = &[
     syscall("sys_exit_sendmsg", When::DataTracepoint),
     // Request arrival (arrival.rs).
     tracepoint("tcp_probe", "tcp", "tcp_probe", When::Arrival),
-    // TLS plaintext (tls.rs): attached per library (`capture::tls`; the
-    // return program on every function of `tls::TLS_SYMBOLS`).
-    tls("ssl_write", "SSL_write", false),
-    tls("ssl_write_ex", "SSL_write_ex", false),
-    tls("ssl_read", "SSL_read", false),
-    tls("ssl_read_ex", "SSL_read_ex", false),
-    tls("ssl_ret", "SSL_read", true),
+    // TLS plaintext (tls.rs): attached per target process that maps
+    // OpenSSL (`capture::tls`; the return program on every read/write
+    // function of `tls::SSL_SYMBOLS`).
+    tls("ssl_write", "libssl.so.3", "SSL_write", false),
+    tls("ssl_write_ex", "libssl.so.3", "SSL_write_ex", false),
+    tls("ssl_read", "libssl.so.3", "SSL_read", false),
+    tls("ssl_read_ex", "libssl.so.3", "SSL_read_ex", false),
+    tls("ssl_ret", "libssl.so.3", "SSL_read", true),
+    tls("ssl_free", "libssl.so.3", "SSL_free", false),
+    // Memory BIOs (asyncio): tied to their sockets by content.
+    tls("bio_write", "libcrypto.so.3", "BIO_write", false),
+    tls("bio_read", "libcrypto.so.3", "BIO_read", false),
 ];
 
 /// A TLS uprobe row (the library is each one the targets map).
-const fn tls(program: &'static str, symbol: &'static str, ret: bool) -> Probe {
+const fn tls(
+    program: &'static str,
+    target: &'static str,
+    symbol: &'static str,
+    ret: bool,
+) -> Probe {
     Probe {
         program,
         attach: Attach::Uprobe {
-            target: "libssl.so.3",
+            target,
             symbol,
             ret,
         },

@@ -1,31 +1,37 @@
-//! The TLS source: OpenSSL's read and write functions, uprobed per library
-//! file (`agent-ebpf/src/tls.rs` copies the plaintext; the socket call the
-//! same thread makes inside names the connection). Libraries are found in
-//! the targets' `/proc/PID/maps` (`libssl.so.3`, `libssl.so.1.1`) and
-//! attached once per file (device, inode) through `/proc/PID/root`, so an
-//! engine in another mount namespace (a container) is reached the same
-//! way; the programs filter by target in the kernel, so other processes
-//! using the same file pay the uprobe trap only.
+//! The TLS source: OpenSSL's read and write functions, uprobed in each
+//! target process that maps OpenSSL (`agent-ebpf/src/tls.rs` copies the
+//! plaintext; the socket call the same thread makes inside names the
+//! connection, or, for memory BIOs, the BIO the ciphertext went through).
+//! Libraries are found in the targets' `/proc/PID/maps` (`libssl.so.3` /
+//! `libssl.so.1.1` and their `libcrypto`) and attached through
+//! `/proc/PID/root`, so an engine in another mount namespace (a container)
+//! is reached the same way.
 //!
-//! Work in progress (issue 24): socket BIOs only (a thread that calls
-//! `SSL_read`/`SSL_write` makes the socket call itself: threaded servers,
-//! llama.cpp's); memory BIOs (asyncio/uvicorn) are not attributed yet.
+//! Every probe is scoped to its process (`UProbeScope::OneProcess`): the
+//! kernel writes the breakpoints into the targets' memory only, so other
+//! processes using the same library file pay nothing, not even the trap.
+//! A process that exits has its probes detached at the next scan.
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::{BTreeMap, HashMap, HashSet},
+    num::NonZeroU32,
     os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
 };
 
 use anyhow::{Context, Result};
 use aya::{
-    programs::{uprobe::UProbeScope, UProbe},
+    maps::Array,
+    programs::{
+        uprobe::{UProbeLinkId, UProbeScope},
+        UProbe,
+    },
     Ebpf,
 };
 
-/// (program, library symbol) pairs attached per library; the return
-/// program serves all four functions.
-pub const TLS_SYMBOLS: [(&str, &str); 8] = [
+/// (program, symbol) pairs attached on libssl; the return program serves
+/// all four read/write functions.
+pub const SSL_SYMBOLS: [(&str, &str); 9] = [
     ("ssl_write", "SSL_write"),
     ("ssl_write_ex", "SSL_write_ex"),
     ("ssl_read", "SSL_read"),
@@ -34,7 +40,12 @@ pub const TLS_SYMBOLS: [(&str, &str); 8] = [
     ("ssl_ret", "SSL_write_ex"),
     ("ssl_ret", "SSL_read"),
     ("ssl_ret", "SSL_read_ex"),
+    ("ssl_free", "SSL_free"),
 ];
+
+/// (program, symbol) pairs attached on libcrypto: memory BIOs.
+pub const CRYPTO_SYMBOLS: [(&str, &str); 2] =
+    [("bio_write", "BIO_write"), ("bio_read", "BIO_read")];
 
 /// Whether a mapped file's name is OpenSSL's libssl (not NSS's
 /// `libssl3.so`).
@@ -43,17 +54,74 @@ pub fn is_libssl(path: &str) -> bool {
     name == "libssl.so.3" || name == "libssl.so.1.1"
 }
 
-/// The libssl files a process maps (paths as the process sees them).
-pub fn libssl_paths(maps: &str) -> Vec<String> {
-    let mut v: Vec<String> = maps
+/// Whether a mapped file's name is OpenSSL's libcrypto.
+pub fn is_libcrypto(path: &str) -> bool {
+    let name = path.rsplit('/').next().unwrap_or(path);
+    name == "libcrypto.so.3" || name == "libcrypto.so.1.1"
+}
+
+/// TLS stacks the source cannot read, told from a process's maps (and its
+/// executable's name): said once per process, counted by stack.
+pub fn unsupported_stack(maps: &str) -> Option<&'static str> {
+    let names = maps
         .lines()
         .filter_map(|l| l.split_whitespace().nth(5))
-        .filter(|p| is_libssl(p))
-        .map(str::to_string)
-        .collect();
-    v.sort();
-    v.dedup();
-    v
+        .map(|p| p.rsplit('/').next().unwrap_or(p));
+    for n in names {
+        if n.starts_with("libjvm.so") {
+            return Some("java");
+        }
+        if n.contains("boringssl") || n.starts_with("libssl-") && n.contains("boring") {
+            return Some("boringssl");
+        }
+        if n.starts_with("libgnutls.so") {
+            return Some("gnutls");
+        }
+    }
+    None
+}
+
+/// The OpenSSL files a process maps (paths as the process sees them):
+/// (libssl, libcrypto).
+pub fn openssl_paths(maps: &str) -> (Option<String>, Option<String>) {
+    let mut ssl = None;
+    let mut crypto = None;
+    for p in maps.lines().filter_map(|l| l.split_whitespace().nth(5)) {
+        if ssl.is_none() && is_libssl(p) {
+            ssl = Some(p.to_string());
+        } else if crypto.is_none() && is_libcrypto(p) {
+            crypto = Some(p.to_string());
+        }
+    }
+    (ssl, crypto)
+}
+
+/// What the TLS source did, for `tokentap.tls.*`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct TlsStats {
+    /// Library files with probes now (distinct device and inode).
+    pub libraries: u64,
+    /// Processes with probes now.
+    pub processes: u64,
+    /// Processes not attached, by reason.
+    pub attach_failures: BTreeMap<&'static str, u64>,
+}
+
+/// The TLS source's counters with the kernel's.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct TlsCounts {
+    pub source: TlsStats,
+    /// SSL calls whose plaintext was captured.
+    pub calls: u64,
+    /// SSL calls with plaintext on a socket not known (not captured).
+    pub unattributed: u64,
+    /// Memory BIOs tied to their socket by content.
+    pub bios_linked: u64,
+}
+
+struct Attached {
+    libs: Vec<(u64, u64)>,
+    links: Vec<(&'static str, UProbeLinkId)>,
 }
 
 #[derive(Default)]
@@ -61,11 +129,14 @@ pub struct TlsSource {
     /// Off (`--no-tls`): nothing is attached.
     off: bool,
     loaded: bool,
-    /// Library files attached, by (device, inode).
-    attached: HashSet<(u64, u64)>,
-    /// Files that failed, with why (said once).
-    failed: HashMap<(u64, u64), String>,
-    pub libraries: u64,
+    /// Processes with probes.
+    pids: HashMap<u32, Attached>,
+    /// Processes looked at and left (no OpenSSL, or it failed): not
+    /// looked at again until their maps change size.
+    skipped: HashMap<u32, usize>,
+    /// Library files whose failure was said (once each).
+    said: HashSet<(u64, u64)>,
+    stats: TlsStats,
 }
 
 impl TlsSource {
@@ -76,13 +147,25 @@ impl TlsSource {
         }
     }
 
-    /// Loads the TLS programs (once); false when the object has none or
-    /// the kernel refused them (said once).
+    pub fn stats(&self) -> TlsStats {
+        let mut s = self.stats.clone();
+        s.processes = self.pids.len() as u64;
+        let libs: HashSet<(u64, u64)> = self.pids.values().flat_map(|a| a.libs.clone()).collect();
+        s.libraries = libs.len() as u64;
+        s
+    }
+
+    /// Loads the TLS programs (once).
     fn load(&mut self, ebpf: &mut Ebpf) -> Result<()> {
         if self.loaded {
             return Ok(());
         }
-        let mut names: Vec<&str> = TLS_SYMBOLS.iter().map(|(p, _)| *p).collect();
+        let mut names: Vec<&str> = SSL_SYMBOLS
+            .iter()
+            .chain(CRYPTO_SYMBOLS.iter())
+            .map(|(p, _)| *p)
+            .collect();
+        names.sort_unstable();
         names.dedup();
         for name in names {
             let prog: &mut UProbe = ebpf
@@ -91,66 +174,189 @@ impl TlsSource {
                 .try_into()?;
             prog.load().with_context(|| format!("loading {name}"))?;
         }
+        // The data path's TLS lookups start now.
+        let mut on: Array<_, u32> =
+            Array::try_from(ebpf.map_mut("TLS_ON").context("TLS_ON map missing")?)?;
+        on.set(0, 1, 0)?;
         self.loaded = true;
         Ok(())
     }
 
-    /// Attaches the TLS programs to every libssl `pid` maps that is not
-    /// attached yet.
+    /// Detaches the probes of processes that are not targets any more.
+    pub fn retain(&mut self, ebpf: &mut Ebpf, alive: &HashSet<u32>) {
+        let gone: Vec<u32> = self
+            .pids
+            .keys()
+            .filter(|p| !alive.contains(p))
+            .copied()
+            .collect();
+        for pid in gone {
+            if let Some(a) = self.pids.remove(&pid) {
+                detach(ebpf, a.links);
+            }
+        }
+        self.skipped.retain(|p, _| alive.contains(p));
+    }
+
+    /// Attaches the TLS programs to `pid`'s OpenSSL, if it maps one and
+    /// has no probes yet.
     pub fn scan(&mut self, ebpf: &mut Ebpf, proc_root: &Path, pid: u32) {
-        if self.off {
+        if self.off || self.pids.contains_key(&pid) {
             return;
         }
         let Ok(maps) = std::fs::read_to_string(proc_root.join(format!("{pid}/maps"))) else {
             return;
         };
-        for lib in libssl_paths(&maps) {
-            let path: PathBuf = proc_root
-                .join(format!("{pid}/root"))
-                .join(lib.trim_start_matches('/'));
-            let Ok(meta) = std::fs::metadata(&path) else {
-                continue;
-            };
-            let key = (meta.dev(), meta.ino());
-            if self.attached.contains(&key) || self.failed.contains_key(&key) {
-                continue;
-            }
-            match self.attach(ebpf, &path) {
-                Ok(n) => {
-                    self.attached.insert(key);
-                    self.libraries += 1;
+        // Python loads `_ssl` (and OpenSSL) at `import ssl`, after exec:
+        // look again only when the mappings changed.
+        if self.skipped.get(&pid) == Some(&maps.len()) {
+            return;
+        }
+        let (ssl, crypto) = openssl_paths(&maps);
+        let Some(ssl) = ssl else {
+            if let Some(stack) = unsupported_stack(&maps) {
+                if !self.skipped.contains_key(&pid) {
                     eprintln!(
-                        "tokentap: TLS: {} OpenSSL probes on {} (pid {pid})",
-                        n,
-                        path.display()
+                        "tokentap: TLS: pid {pid} uses {stack}, which tokentap cannot read: its HTTPS traffic is not measured"
                     );
+                    *self.stats.attach_failures.entry(stack).or_default() += 1;
                 }
+            }
+            self.skipped.insert(pid, maps.len());
+            return;
+        };
+        let root = proc_root.join(format!("{pid}/root"));
+        let in_root = |p: &str| -> PathBuf { root.join(p.trim_start_matches('/')) };
+        let ssl_path = in_root(&ssl);
+        let crypto_path = crypto.as_deref().map(in_root);
+        let mut libs = Vec::new();
+        for p in std::iter::once(&ssl_path).chain(crypto_path.iter()) {
+            match std::fs::metadata(p) {
+                Ok(m) => libs.push((m.dev(), m.ino())),
                 Err(e) => {
-                    eprintln!("tokentap: TLS: not attached to {}: {e:#}", path.display());
-                    self.failed.insert(key, format!("{e:#}"));
+                    self.fail(
+                        pid,
+                        libs.first().copied(),
+                        "unreadable",
+                        &format!("{}: {e}", p.display()),
+                    );
+                    self.skipped.insert(pid, maps.len());
+                    return;
                 }
+            }
+        }
+        match self.attach(ebpf, pid, &ssl_path, crypto_path.as_deref()) {
+            Ok((links, memory_bios)) => {
+                eprintln!(
+                    "tokentap: TLS: {} OpenSSL probes in pid {pid} ({}{})",
+                    links.len(),
+                    ssl_path.display(),
+                    if memory_bios { ", memory BIOs too" } else { "" }
+                );
+                self.pids.insert(pid, Attached { libs, links });
+                self.skipped.remove(&pid);
+            }
+            Err((reason, e, links)) => {
+                detach(ebpf, links);
+                self.fail(
+                    pid,
+                    libs.first().copied(),
+                    reason,
+                    &format!("{}: {e:#}", ssl_path.display()),
+                );
+                self.skipped.insert(pid, maps.len());
             }
         }
     }
 
-    fn attach(&mut self, ebpf: &mut Ebpf, path: &Path) -> Result<usize> {
-        self.load(ebpf)?;
-        let mut n = 0;
-        for (name, symbol) in TLS_SYMBOLS {
-            let prog: &mut UProbe = ebpf
-                .program_mut(name)
-                .with_context(|| format!("no program {name}"))?
-                .try_into()?;
-            match prog.attach(symbol, path, UProbeScope::AllProcesses) {
-                Ok(_) => n += 1,
+    fn fail(&mut self, pid: u32, lib: Option<(u64, u64)>, reason: &'static str, why: &str) {
+        *self.stats.attach_failures.entry(reason).or_default() += 1;
+        if lib.is_none_or(|l| self.said.insert(l)) {
+            eprintln!("tokentap: TLS: pid {pid} not attached ({reason}): {why}");
+        }
+    }
+
+    /// The links made and whether memory BIOs are covered; on failure,
+    /// the reason, the error and the links made so far (to detach).
+    #[allow(clippy::type_complexity)]
+    fn attach(
+        &mut self,
+        ebpf: &mut Ebpf,
+        pid: u32,
+        ssl: &Path,
+        crypto: Option<&Path>,
+    ) -> std::result::Result<
+        (Vec<(&'static str, UProbeLinkId)>, bool),
+        (
+            &'static str,
+            anyhow::Error,
+            Vec<(&'static str, UProbeLinkId)>,
+        ),
+    > {
+        let mut links = Vec::new();
+        if let Err(e) = self.load(ebpf) {
+            return Err(("load", e, links));
+        }
+        let Some(scope) = NonZeroU32::new(pid).map(UProbeScope::OneProcess) else {
+            return Err(("attach", anyhow::anyhow!("pid 0"), links));
+        };
+        for (name, symbol) in SSL_SYMBOLS {
+            match attach_one(ebpf, name, symbol, ssl, scope) {
+                Ok(id) => links.push((name, id)),
                 // OpenSSL 1.1.0 has no `_ex` functions: attach what exists.
-                Err(e) if symbol.ends_with("_ex") => {
-                    log::debug!("{symbol} not attached on {}: {e}", path.display());
+                Err(e) if symbol.ends_with("_ex") || symbol == "SSL_free" => {
+                    log::debug!("{symbol} not attached on {}: {e:#}", ssl.display());
                 }
-                Err(e) => return Err(e).context(symbol),
+                Err(e) => {
+                    let reason = if format!("{e:#}").contains("symbol") {
+                        "symbol_missing"
+                    } else {
+                        "attach"
+                    };
+                    return Err((reason, e.context(symbol), links));
+                }
             }
         }
-        Ok(n)
+        let mut memory_bios = false;
+        if let Some(crypto) = crypto {
+            memory_bios = true;
+            for (name, symbol) in CRYPTO_SYMBOLS {
+                match attach_one(ebpf, name, symbol, crypto, scope) {
+                    Ok(id) => links.push((name, id)),
+                    Err(e) => {
+                        // Socket BIOs still work; say why memory BIOs do not.
+                        log::warn!("TLS: {symbol} not attached on {}: {e:#}", crypto.display());
+                        *self.stats.attach_failures.entry("memory_bio").or_default() += 1;
+                        memory_bios = false;
+                    }
+                }
+            }
+        }
+        Ok((links, memory_bios))
+    }
+}
+
+fn attach_one(
+    ebpf: &mut Ebpf,
+    name: &str,
+    symbol: &str,
+    path: &Path,
+    scope: UProbeScope,
+) -> Result<UProbeLinkId> {
+    let prog: &mut UProbe = ebpf
+        .program_mut(name)
+        .with_context(|| format!("no program {name}"))?
+        .try_into()?;
+    Ok(prog.attach(symbol, path, scope)?)
+}
+
+fn detach(ebpf: &mut Ebpf, links: Vec<(&'static str, UProbeLinkId)>) {
+    for (name, id) in links {
+        if let Some(p) = ebpf.program_mut(name) {
+            if let Ok(p) = <&mut UProbe>::try_from(p) {
+                let _ = p.detach(id);
+            }
+        }
     }
 }
 
@@ -159,14 +365,29 @@ mod tests {
     use super::*;
 
     #[test]
-    fn libssl_is_found_in_maps_and_nss_is_not() {
+    fn openssl_is_found_in_maps_and_nss_is_not() {
         let maps = "7f00-7f01 r-xp 00000000 08:01 1234 /usr/lib/x86_64-linux-gnu/libssl.so.3\n\
                     7f01-7f02 r--p 00000000 08:01 1234 /usr/lib/x86_64-linux-gnu/libssl.so.3\n\
                     7f02-7f03 r-xp 00000000 08:01 99 /usr/lib/x86_64-linux-gnu/libssl3.so\n\
+                    7f03-7f04 r-xp 00000000 08:01 98 /usr/lib/x86_64-linux-gnu/libcrypto.so.3\n\
                     7f03-7f04 rw-p 00000000 00:00 0 \n";
         assert_eq!(
-            libssl_paths(maps),
-            vec!["/usr/lib/x86_64-linux-gnu/libssl.so.3"]
+            openssl_paths(maps),
+            (
+                Some("/usr/lib/x86_64-linux-gnu/libssl.so.3".into()),
+                Some("/usr/lib/x86_64-linux-gnu/libcrypto.so.3".into())
+            )
         );
+        assert_eq!(unsupported_stack(maps), None);
+        let nss_only = "7f02-7f03 r-xp 00000000 08:01 99 /usr/lib/x86_64-linux-gnu/libssl3.so\n";
+        assert_eq!(openssl_paths(nss_only), (None, None));
+    }
+
+    #[test]
+    fn unreadable_stacks_are_named() {
+        let java = "7f00-7f01 r-xp 00000000 08:01 1 /usr/lib/jvm/java-17/lib/server/libjvm.so\n";
+        assert_eq!(unsupported_stack(java), Some("java"));
+        let gnutls = "7f00-7f01 r-xp 00000000 08:01 1 /usr/lib/x86_64-linux-gnu/libgnutls.so.30\n";
+        assert_eq!(unsupported_stack(gnutls), Some("gnutls"));
     }
 }

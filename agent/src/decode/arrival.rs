@@ -68,17 +68,23 @@ impl Ledger {
     }
 }
 
-/// A read's view of its connection's ledger: the byte at `off` bytes into
-/// the piece lies `skip + off` bytes past what the ledger has consumed.
+/// When a read's bytes arrived.
 #[derive(Clone, Copy)]
-pub struct At<'a> {
-    pub ledger: &'a Ledger,
-    pub skip: usize,
+pub enum At<'a> {
+    /// From its connection's ledger: the byte at `off` bytes into the
+    /// piece lies `skip + off` bytes past what the ledger has consumed.
+    Ledger { ledger: &'a Ledger, skip: usize },
+    /// Every byte at once: TLS plaintext, whose bytes arrived with the
+    /// ciphertext the socket read last before it was decrypted.
+    Fixed(u64),
 }
 
 impl At<'_> {
     pub fn at(&self, off: usize) -> Option<u64> {
-        self.ledger.at(self.skip + off)
+        match self {
+            At::Ledger { ledger, skip } => ledger.at(skip + off),
+            At::Fixed(ts) => Some(*ts),
+        }
     }
 }
 

@@ -79,6 +79,9 @@ pub struct DecodeStats {
     /// `unsupported_protocol`; outgoing ones (an engine's own HTTPS calls)
     /// only here.
     pub tls: u64,
+    /// Served TLS connections that ended without plaintext from the TLS
+    /// source (also in `unsupported_protocol`).
+    pub tls_undecoded: u64,
     /// Connections first seen by their data, without an accept or connect
     /// event: open before the agent started (or their open event lost).
     /// Their bytes are skipped until a request starts; whatever was in
@@ -476,6 +479,9 @@ struct Conn {
     /// source (`plain`).
     tls_served: bool,
     plain: bool,
+    /// TLS: when the ciphertext the socket read last arrived (the
+    /// plaintext decrypted next came in it).
+    cipher_arrival: Option<u64>,
 }
 
 impl Conn {
@@ -484,6 +490,7 @@ impl Conn {
     fn ended(&self, out: &mut Out<'_>) {
         if self.tls_served && !self.plain {
             out.stats.unsupported_protocol += 1;
+            out.stats.tls_undecoded += 1;
             out.tls_server(self.info.pid, self.info.server_port);
         }
     }
@@ -502,6 +509,7 @@ impl Conn {
             joined: false,
             tls_served: false,
             plain: false,
+            cipher_arrival: None,
         }
     }
 }
@@ -657,8 +665,10 @@ impl Decoder {
                 // connection of its own beside the ciphertext one, with the
                 // socket's identity.
                 if d.is_tls_plaintext() {
+                    let mut arrived = None;
                     let info = conns.get_mut(&(d.pid, d.fd)).map(|c| {
                         c.plain = true;
+                        arrived = c.cipher_arrival;
                         (
                             c.info.role,
                             c.info.server_port,
@@ -674,7 +684,7 @@ impl Decoder {
                             ..Conn::new(d.pid, role, port, client)
                         }
                     });
-                    on_data(conn, d, &mut out);
+                    on_data(conn, d, arrived, &mut out);
                     return;
                 }
                 // Data before (or without) an open event: a connection
@@ -687,7 +697,7 @@ impl Decoder {
                         ..Conn::new(d.pid, Role::Server, None, None)
                     }
                 });
-                on_data(conn, d, &mut out);
+                on_data(conn, d, None, &mut out);
             }
         }
     }
@@ -714,11 +724,20 @@ impl Decoder {
     }
 }
 
-fn on_data(conn: &mut Conn, d: &DataEvent, out: &mut Out<'_>) {
+/// One call's bytes on `conn`. `arrived`: TLS plaintext, when the
+/// ciphertext that carried it arrived (from the socket's ledger).
+fn on_data(conn: &mut Conn, d: &DataEvent, arrived: Option<u64>, out: &mut Out<'_>) {
     let request_in = d.dir == Dir::In && conn.info.role == Role::Server;
+    if d.is_tls_cipher() || conn.tls_served {
+        tls_ciphertext(conn, d, request_in, out);
+        return;
+    }
     let ledger = conn.ledger.as_ref().filter(|_| request_in);
     let piece = Piece {
-        arrival: ledger.map(|l| arrival::At { ledger: l, skip: 0 }),
+        arrival: match arrived {
+            Some(ts) if request_in => Some(arrival::At::Fixed(ts)),
+            _ => ledger.map(|l| arrival::At::Ledger { ledger: l, skip: 0 }),
+        },
         ..Piece::of(d)
     };
     // A connection joined mid-way that turns out to carry HTTP/2 frames
@@ -797,14 +816,14 @@ fn on_data(conn: &mut Conn, d: &DataEvent, out: &mut Out<'_>) {
                         arrival: conn
                             .ledger
                             .as_ref()
-                            .map(|l| arrival::At { ledger: l, skip: 0 }),
+                            .map(|l| arrival::At::Ledger { ledger: l, skip: 0 }),
                     };
                     flow = proto.on_data(&conn.info, out, early);
                     replayed = len;
                 }
                 if flow == Flow::Continue {
                     let piece = Piece {
-                        arrival: ledger.map(|l| arrival::At {
+                        arrival: ledger.map(|l| arrival::At::Ledger {
                             ledger: l,
                             skip: replayed,
                         }),
@@ -853,9 +872,12 @@ fn on_data(conn: &mut Conn, d: &DataEvent, out: &mut Out<'_>) {
     };
     if flow != Flow::Continue {
         conn.proto = Proto::Unsupported;
-        // Its later bytes are never read: their arrivals need no keeping.
-        conn.ledger = None;
         let served = conn.info.role == Role::Server;
+        // Its later bytes are never read: their arrivals need no keeping
+        // (but a served TLS connection's tell when its plaintext arrived).
+        if !(flow == Flow::Tls && served) {
+            conn.ledger = None;
+        }
         if flow == Flow::Tls {
             out.stats.tls += 1;
         }
@@ -880,6 +902,32 @@ fn on_data(conn: &mut Conn, d: &DataEvent, out: &mut Out<'_>) {
                 // before the agent, lost arrival records): stop using it.
                 conn.ledger = None;
             }
+        }
+    }
+}
+
+/// A call on a served TLS connection (ciphertext, or a ciphertext read's
+/// size and time inside an SSL call): never decoded; its request bytes'
+/// arrival is kept for the plaintext the TLS source reports next.
+fn tls_ciphertext(conn: &mut Conn, d: &DataEvent, request_in: bool, out: &mut Out<'_>) {
+    if matches!(conn.proto, Proto::Sniffing(_)) {
+        // Found open mid-connection, first seen inside an SSL call.
+        conn.proto = Proto::Unsupported;
+        out.stats.tls += 1;
+        if conn.info.role == Role::Server {
+            conn.tls_served = true;
+        } else {
+            conn.ledger = None;
+        }
+    }
+    if !request_in || d.ret <= 0 {
+        return;
+    }
+    if let Some(l) = &mut conn.ledger {
+        conn.cipher_arrival = l.at(0);
+        if !l.consume(d.ret as u64) {
+            conn.ledger = None;
+            conn.cipher_arrival = None;
         }
     }
 }

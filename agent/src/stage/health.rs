@@ -57,6 +57,12 @@ pub struct Health {
     /// Milliseconds since the agent started, at the main loop's last pass
     /// (`/healthz`).
     pub heartbeat_ms: AtomicU64,
+    /// The TLS source (`tokentap.tls.*`): what it attached, what it
+    /// captured, what it lost.
+    pub tls_source: Mutex<crate::capture::tls::TlsCounts>,
+    /// Served TLS connections that ended without plaintext (the engine's
+    /// TLS library is not one tokentap reads, or `--no-tls`).
+    pub tls_undecoded: AtomicU64,
     /// The eBPF programs are attached (`/readyz`).
     pub attached: AtomicBool,
     /// Why the agent is not ready (shown by `/readyz` with its 503).
@@ -110,6 +116,7 @@ impl Health {
                 self.events.store(st.events, Relaxed);
                 self.dropped.store(st.records_dropped, Relaxed);
                 self.connections.store(st.conns_active as i64, Relaxed);
+                *self.tls_source.lock().unwrap_or_else(|p| p.into_inner()) = st.tls.clone();
             }
             // Replay: events are what the decoder saw.
             None => self.events.store(decode.events, Relaxed),
@@ -118,6 +125,7 @@ impl Health {
         self.unsupported_protocol
             .store(decode.unsupported_protocol, Relaxed);
         self.tls.store(decode.tls, Relaxed);
+        self.tls_undecoded.store(decode.tls_undecoded, Relaxed);
         self.joined.store(decode.joined, Relaxed);
         self.http2.store(decode.http2, Relaxed);
         self.unresolved_headers

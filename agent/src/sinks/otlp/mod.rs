@@ -675,6 +675,79 @@ impl Metrics {
             "HTTP/2 header fields that named a header-table entry sent before the agent joined the connection (their values unknown)",
             |h| h.unresolved_headers.load(Ordering::Relaxed),
         );
+        let tls_u64 = |name: &'static str,
+                       unit: &'static str,
+                       desc: &'static str,
+                       f: fn(&crate::capture::tls::TlsCounts) -> u64| {
+            let hl = hl.clone();
+            meter
+                .u64_observable_counter(name)
+                .with_unit(unit)
+                .with_description(desc)
+                .with_callback(move |o| {
+                    let t = hl.tls_source.lock().unwrap_or_else(|p| p.into_inner());
+                    o.observe(f(&t), &[])
+                })
+                .build()
+        };
+        let _ = tls_u64(
+            "tokentap.tls.calls",
+            "{call}",
+            "OpenSSL SSL_read/SSL_write calls of targets whose plaintext was captured",
+            |t| t.calls,
+        );
+        let _ = tls_u64(
+            "tokentap.tls.unattributed",
+            "{call}",
+            "OpenSSL calls that returned plaintext on a socket tokentap could not name (no socket call inside, no memory BIO tied to one): not captured",
+            |t| t.unattributed,
+        );
+        let _ = tls_u64(
+            "tokentap.tls.bios_linked",
+            "{bio}",
+            "Memory BIOs (asyncio/uvicorn TLS) tied to their socket by content",
+            |t| t.bios_linked,
+        );
+        {
+            let hl = hl.clone();
+            let _ = meter
+                .u64_observable_gauge("tokentap.tls.processes")
+                .with_unit("{process}")
+                .with_description("Target processes whose OpenSSL is probed now")
+                .with_callback(move |o| {
+                    let t = hl.tls_source.lock().unwrap_or_else(|p| p.into_inner());
+                    o.observe(t.source.processes, &[])
+                })
+                .build();
+            let hl2 = health.clone();
+            let _ = meter
+                .u64_observable_gauge("tokentap.tls.libraries")
+                .with_unit("{file}")
+                .with_description("OpenSSL library files (device, inode) probed now")
+                .with_callback(move |o| {
+                    let t = hl2.tls_source.lock().unwrap_or_else(|p| p.into_inner());
+                    o.observe(t.source.libraries, &[])
+                })
+                .build();
+            let hl3 = health.clone();
+            let _ = meter
+                .u64_observable_counter("tokentap.tls.attach_failures")
+                .with_unit("{process}")
+                .with_description("Target processes whose TLS is not read, by reason (java, boringssl, gnutls: stacks tokentap cannot read; symbol_missing, unreadable, attach, load; memory_bio: socket BIOs only)")
+                .with_callback(move |o| {
+                    let t = hl3.tls_source.lock().unwrap_or_else(|p| p.into_inner());
+                    for (r, n) in &t.source.attach_failures {
+                        o.observe(*n, &[KeyValue::new("reason", *r)]);
+                    }
+                })
+                .build();
+        }
+        let _ = obs_u64(
+            "tokentap.tls.undecoded",
+            "{connection}",
+            "Served TLS connections that ended without plaintext (the engine's TLS is not OpenSSL, or --no-tls): their requests are not measured; also in tokentap.decode.unsupported_protocol",
+            |h| h.tls_undecoded.load(Ordering::Relaxed),
+        );
         // Counters by `reason`: (what, reason, n) rows of the health copy.
         let by_reason =
             |name: &'static str, unit: &'static str, what: &'static str, desc: &'static str| {
