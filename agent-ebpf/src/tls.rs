@@ -28,7 +28,7 @@ use aya_ebpf::{
 
 use crate::{
     ctx::bump,
-    data::{emit, emit_header_only},
+    data::{emit_at, emit_header_only},
     maps::{Pending, CONNS, TARGETS},
 };
 
@@ -39,6 +39,9 @@ pub struct SslCall {
     buf: u64,
     /// `*written` / `*readbytes` of the `_ex` forms; 0 for the plain ones.
     out_len: u64,
+    /// When the first socket write inside the call returned (0: none):
+    /// the moment a write's bytes left.
+    sock_ts: u64,
     /// The socket the call used (−1 until a socket call inside it says).
     fd: i32,
     syscall: u8,
@@ -151,6 +154,7 @@ fn enter(ctx: &ProbeContext, sc: Syscall, ex: bool) -> u32 {
         ssl,
         buf,
         out_len,
+        sock_ts: 0,
         fd: -1,
         syscall: sc as u8,
         _pad: [0; 3],
@@ -189,7 +193,12 @@ pub fn in_ssl_call(id: u64, fd: i32) -> bool {
     match SSL_ACTIVE.get_ptr_mut(&id) {
         Some(c) => {
             // SAFETY: this thread's own entry, written in place.
-            unsafe { (*c).fd = fd };
+            unsafe {
+                (*c).fd = fd;
+                if (*c).sock_ts == 0 {
+                    (*c).sock_ts = aya_ebpf::helpers::bpf_ktime_get_ns();
+                }
+            }
             true
         }
         None => false,
@@ -209,7 +218,9 @@ pub fn ssl_ret(ctx: RetProbeContext) -> u32 {
     if call.fd >= 0 {
         let _ = SSL_FD.insert(&key, &call.fd, 0);
     }
-    let r: i64 = ctx.ret();
+    // All four return a C `int`: the register's upper half is not its
+    // sign (SSL_write's −1 would read as 4294967295).
+    let r = ctx.ret::<i64>() as i32 as i64;
     let n: i64 = if call.out_len != 0 {
         if r != 1 {
             return 0;
@@ -256,7 +267,15 @@ pub fn ssl_ret(ctx: RetProbeContext) -> u32 {
         _pad: [0; 2],
     };
     bump(stat::TLS_CALLS);
-    emit(id, &p, n);
+    // A write is timed when its ciphertext left (the socket write inside,
+    // socket BIOs), not when OpenSSL returned: the thread may be preempted
+    // in between.
+    let ts = if call.syscall == Syscall::SslWrite as u8 {
+        call.sock_ts
+    } else {
+        0
+    };
+    emit_at(id, &p, n, ts);
     0
 }
 

@@ -52,7 +52,9 @@ keeps up.
 import argparse
 import fcntl
 import json
+import os
 import socket
+import ssl
 import struct
 import sys
 import termios
@@ -157,9 +159,19 @@ class _TimedStream(httpcore.NetworkStream):
     def __init__(self, inner):
         self._s = inner
         self._sock = inner.get_extra_info("socket")
-        self._sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        # Over TLS the socket's bytes are ciphertext: reads go through the
+        # TLS stream and are stamped when they return (`first_rx_own`
+        # false: an upper bound, not the arrival).
+        self._tls = isinstance(self._sock, ssl.SSLSocket)
+        if not self._tls:
+            self._sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
 
     def read(self, max_bytes, timeout=None):
+        if self._tls:
+            data = self._s.read(max_bytes, timeout)
+            _local.recv_ns = time.time_ns()
+            _local.recv_own = False
+            return data
         try:
             self._sock.settimeout(timeout)
             data, ts, own = read_to_line_end(self._sock, min(max_bytes, READ_BYTES))
@@ -191,8 +203,18 @@ class _TimedBackend(httpcore.SyncBackend):
         return _TimedStream(super().connect_tcp(*a, **kw))
 
 
+CA_FILE = None
+
+
 def timed_http_client():
-    transport = httpx.HTTPTransport()
+    verify = True
+    if CA_FILE:
+        # The test CA's leaf names 127.0.0.1/localhost; engines in a
+        # network namespace answer on another address.
+        verify = ssl.create_default_context(cafile=CA_FILE)
+        verify.check_hostname = False
+        verify.verify_flags &= ~getattr(ssl, "VERIFY_X509_STRICT", 0)
+    transport = httpx.HTTPTransport(verify=verify)
     # httpx 0.28 has no public hook for the network backend; the pool's
     # attribute is pinned with httpx/httpcore in requirements.txt.
     transport._pool._network_backend = _TimedBackend()
@@ -362,8 +384,17 @@ def main():
                     help="requests in flight, one connection each (default 1: sequential, the most precise timing)")
     ap.add_argument("--only", choices=["mix", "chat-stream-usage"], default="mix",
                     help="mix: the plan above; chat-stream-usage: only streamed chat with usage (load runs)")
+    ap.add_argument("--ca", help="CA file for an https:// base URL (hostname not checked)")
+    ap.add_argument("--hold", metavar="FILE",
+                    help="with --concurrency 1: send one request (tag hold-0, not written out) on the "
+                         "connection the plan will use, print 'held', and start the plan once FILE exists "
+                         "(a connection opened before the agent)")
     ap.add_argument("--out", required=True, help="JSON Lines output ('-' for stdout)")
     a = ap.parse_args()
+    global CA_FILE
+    CA_FILE = a.ca
+    if a.hold and a.concurrency != 1:
+        ap.error("--hold needs --concurrency 1")
 
     out = sys.stdout if a.out == "-" else open(a.out, "w")
     lock = threading.Lock()
@@ -372,9 +403,10 @@ def main():
         todo = ((i, "chat", True, True, False) for i in range(a.n))
     failures = []
 
-    def worker():
-        http = timed_http_client()
-        client = openai.OpenAI(base_url=a.base_url, api_key="not-needed", http_client=http, max_retries=0)
+    def worker(client=None):
+        if client is None:
+            http = timed_http_client()
+            client = openai.OpenAI(base_url=a.base_url, api_key="not-needed", http_client=http, max_retries=0)
         while True:
             with lock:
                 job = next(todo, None)
@@ -399,8 +431,17 @@ def main():
             run_one(client, wa, i, "chat" if i % 2 else "completion", True, False, False)
         http.close()
 
+    held = None
+    if a.hold:
+        held = openai.OpenAI(base_url=a.base_url, api_key="not-needed", http_client=timed_http_client(),
+                             max_retries=0)
+        run_one(held, argparse.Namespace(**{**vars(a), "tag": "hold"}), 0, "chat", True, False, False)
+        print("held", flush=True)
+        while not os.path.exists(a.hold):
+            time.sleep(0.01)
+
     t0 = time.perf_counter()
-    threads = [threading.Thread(target=worker) for _ in range(max(1, a.concurrency))]
+    threads = [threading.Thread(target=worker, args=(held,)) for _ in range(max(1, a.concurrency))]
     for t in threads:
         t.start()
     for t in threads:

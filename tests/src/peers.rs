@@ -55,7 +55,7 @@ impl Peers {
         Peers { dir }
     }
 
-    fn venv_bin(&self, name: &str) -> PathBuf {
+    pub fn venv_bin(&self, name: &str) -> PathBuf {
         self.dir.join(".venv/bin").join(name)
     }
 
@@ -63,7 +63,7 @@ impl Peers {
         self.dir.join(".model/tiny-llama.gguf")
     }
 
-    fn lib_dir(&self) -> PathBuf {
+    pub fn lib_dir(&self) -> PathBuf {
         self.dir.join(".build/llama.cpp/bin")
     }
 

@@ -39,11 +39,37 @@ pub struct Ledger {
     segs: VecDeque<(u64, u64)>,
     arrived: u64,
     read: u64,
+    /// Length of the newest segment.
+    last_len: u32,
+    /// Segments taken for retransmissions of data already here.
+    pub duplicates: u64,
 }
 
+/// A segment as long as the newest one, arriving this long after it while
+/// that one is still unread, is its retransmission (see [`Ledger::push`]).
+const RETRANSMIT_GAP_NS: u64 = 2_000_000;
+
 impl Ledger {
+    /// A segment reached the socket. The tracepoint fires before TCP looks
+    /// at the sequence number, so a retransmission of bytes the socket
+    /// already holds (a tail-loss probe after the engine left them unread
+    /// past the sender's timeout) is reported too: counted, its bytes
+    /// would shift every later byte onto an older segment's time. The
+    /// record has no sequence number; a segment of the newest one's length
+    /// arriving ≥ 2 ms after it while that one is still unread is taken
+    /// for its retransmission and not counted. (Two equal writes 2 ms apart
+    /// that the engine leaves unread are then under-counted: the ledger
+    /// sees more read than arrived and stops, and t0 falls back to the
+    /// read: a lost arrival, never a wrong one.)
     fn push(&mut self, ts: u64, len: u32) -> bool {
+        if let Some(&(end, t)) = self.segs.back() {
+            if len == self.last_len && end > self.read && ts >= t + RETRANSMIT_GAP_NS {
+                self.duplicates += 1;
+                return true;
+            }
+        }
         self.arrived += len as u64;
+        self.last_len = len;
         self.segs.push_back((self.arrived, ts));
         self.segs.len() <= MAX_SEGMENTS
     }
@@ -163,6 +189,30 @@ impl Arrivals {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_retransmission_of_an_unread_segment_is_not_counted() {
+        let ms = 1_000_000;
+        let mut l = Ledger::default();
+        l.push(100 * ms, 549); // a request head
+        l.consume(549);
+        l.push(105 * ms, 164); // its body, left unread while the head is parsed
+        l.push(113 * ms, 164); // the sender's tail-loss probe: the same bytes
+        assert_eq!(l.duplicates, 1);
+        l.consume(164);
+        l.push(150 * ms, 549); // the next request
+        assert_eq!(l.at(0), Some(150 * ms), "not the retransmission's time");
+        assert!(l.consume(549));
+        // Equal segments back to back (a large body) all count.
+        l.push(200 * ms, 1448);
+        l.push(200 * ms + 30_000, 1448);
+        assert_eq!(l.duplicates, 1);
+        assert!(l.consume(2896));
+        // And an equal request after the last one was read counts too.
+        l.push(300 * ms, 1448);
+        assert_eq!(l.duplicates, 1);
+        assert_eq!(l.at(0), Some(300 * ms));
+    }
 
     #[test]
     fn each_byte_gets_its_segments_time_and_reads_consume_the_ledger() {

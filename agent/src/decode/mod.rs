@@ -82,6 +82,9 @@ pub struct DecodeStats {
     /// Served TLS connections that ended without plaintext from the TLS
     /// source (also in `unsupported_protocol`).
     pub tls_undecoded: u64,
+    /// Arrival segments taken for retransmissions of bytes the socket
+    /// already held (not counted in the arrival ledger).
+    pub arrival_retransmissions: u64,
     /// Connections first seen by their data, without an accept or connect
     /// event: open before the agent started (or their open event lost).
     /// Their bytes are skipped until a request starts; whatever was in
@@ -650,8 +653,11 @@ impl Decoder {
                 if let arrival::Route::Conn(k) = arrivals.route(a) {
                     if let Some(conn) = conns.get_mut(&k) {
                         if let Some(l) = &mut conn.ledger {
+                            let dups = l.duplicates;
                             if !arrival::Arrivals::push(l, a) {
                                 conn.ledger = None;
+                            } else if l.duplicates > dups {
+                                out.stats.arrival_retransmissions += 1;
                             }
                         }
                     }
@@ -698,6 +704,23 @@ impl Decoder {
                     }
                 });
                 on_data(conn, d, None, &mut out);
+                // The socket of a TLS connection failed or reached its end
+                // (EOF, a reset): so did its plaintext (OpenSSL reports
+                // these as `SSL_ERROR_*`, not as bytes).
+                let gone = d.ret < 0 || (d.ret == 0 && d.dir == Dir::In);
+                if gone && conn.tls_served {
+                    if let Some(plain) = conns.get_mut(&tls_key(d.pid, d.fd)) {
+                        let g = DataEvent {
+                            syscall: Some(match d.dir {
+                                Dir::In => agent_ebpf::Syscall::SslRead,
+                                Dir::Out => agent_ebpf::Syscall::SslWrite,
+                            }),
+                            data: Vec::new(),
+                            ..d.clone()
+                        };
+                        on_data(plain, &g, None, &mut out);
+                    }
+                }
             }
         }
     }
@@ -733,11 +756,13 @@ fn on_data(conn: &mut Conn, d: &DataEvent, arrived: Option<u64>, out: &mut Out<'
         return;
     }
     let ledger = conn.ledger.as_ref().filter(|_| request_in);
+    // The arrival of this call's request bytes `skip` bytes on.
+    let at = |skip: usize| match arrived {
+        Some(ts) if request_in => Some(arrival::At::Fixed(ts)),
+        _ => ledger.map(|l| arrival::At::Ledger { ledger: l, skip }),
+    };
     let piece = Piece {
-        arrival: match arrived {
-            Some(ts) if request_in => Some(arrival::At::Fixed(ts)),
-            _ => ledger.map(|l| arrival::At::Ledger { ledger: l, skip: 0 }),
-        },
+        arrival: at(0),
         ..Piece::of(d)
     };
     // A connection joined mid-way that turns out to carry HTTP/2 frames
@@ -813,20 +838,20 @@ fn on_data(conn: &mut Conn, d: &DataEvent, arrived: Option<u64>, out: &mut Out<'
                         data: &held[..len],
                         // Held bytes are request bytes, whichever call
                         // settled the sniffing.
-                        arrival: conn
-                            .ledger
-                            .as_ref()
-                            .map(|l| arrival::At::Ledger { ledger: l, skip: 0 }),
+                        arrival: match arrived {
+                            Some(ts) => Some(arrival::At::Fixed(ts)),
+                            None => conn
+                                .ledger
+                                .as_ref()
+                                .map(|l| arrival::At::Ledger { ledger: l, skip: 0 }),
+                        },
                     };
                     flow = proto.on_data(&conn.info, out, early);
                     replayed = len;
                 }
                 if flow == Flow::Continue {
                     let piece = Piece {
-                        arrival: ledger.map(|l| arrival::At::Ledger {
-                            ledger: l,
-                            skip: replayed,
-                        }),
+                        arrival: at(replayed),
                         ..piece
                     };
                     flow = proto.on_data(&conn.info, out, piece);
@@ -980,6 +1005,125 @@ mod tests {
         }
         d.finish(&mut out);
         (d, out)
+    }
+
+    fn with_syscall(ev: SocketEvent, sc: agent_ebpf::Syscall, ret: Option<i64>) -> SocketEvent {
+        match ev {
+            SocketEvent::Data(mut d) => {
+                d.syscall = Some(sc);
+                if let Some(r) = ret {
+                    d.ret = r;
+                    d.data.clear();
+                }
+                SocketEvent::Data(d)
+            }
+            e => e,
+        }
+    }
+
+    fn arrival(ms: u64, len: u32) -> SocketEvent {
+        SocketEvent::Arrival(crate::event::ArrivalEvent {
+            ts_ns: T0 + ms * 1_000_000,
+            local_port: 8000,
+            peer: "127.0.0.1:40000".parse().unwrap(),
+            len,
+        })
+    }
+
+    const CLIENT_HELLO: &[u8] = b"\x16\x03\x01\x00\x05\x01\x00\x00\x01\x03";
+    const REQUEST: &[u8] =
+        b"POST /v1/completions HTTP/1.1\r\nContent-Length: 25\r\n\r\n{\"model\":\"m\",\"prompt\":\"\"}";
+    const RESPONSE: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 77\r\n\r\n{\"choices\":[{\"text\":\"hi\"}],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":1}}";
+
+    /// A served TLS connection: the handshake's ciphertext, a ciphertext
+    /// read inside `SSL_read` (size only: socket BIO) or a captured one
+    /// (memory BIO), then the plaintext. The request's t0 is the arrival
+    /// of the ciphertext that carried it.
+    fn tls_conversation(socket_bio: bool) -> Vec<SocketEvent> {
+        let cipher_read = if socket_bio {
+            with_syscall(
+                data(10, Dir::In, &[0; 90]),
+                agent_ebpf::Syscall::TlsCipher,
+                Some(90),
+            )
+        } else {
+            let mut c = vec![0x17, 0x03, 0x03, 0, 85];
+            c.resize(90, 0xab);
+            data(10, Dir::In, &c)
+        };
+        vec![
+            open(Role::Server),
+            arrival(1, CLIENT_HELLO.len() as u32),
+            data(2, Dir::In, CLIENT_HELLO),
+            data(3, Dir::Out, b"\x16\x03\x03\x00\x02\x02\x00"),
+            arrival(8, 90),
+            cipher_read,
+            with_syscall(
+                data(11, Dir::In, REQUEST),
+                agent_ebpf::Syscall::SslRead,
+                None,
+            ),
+            with_syscall(
+                data(20, Dir::Out, RESPONSE),
+                agent_ebpf::Syscall::SslWrite,
+                None,
+            ),
+            close(30),
+        ]
+    }
+
+    #[test]
+    fn tls_plaintext_is_decoded_with_t0_at_its_ciphertext_arrival() {
+        for socket_bio in [true, false] {
+            let (d, out) = run(&tls_conversation(socket_bio));
+            assert_eq!(out.len(), 1, "socket_bio {socket_bio}: {out:#?}");
+            let r = &out[0].record;
+            assert_eq!(r.status, Some(200));
+            assert_eq!(r.request_model.as_deref(), Some("m"));
+            assert_eq!(r.t0_source, Some("arrival"), "socket_bio {socket_bio}");
+            assert_eq!(r.t0_ns, T0 + 8_000_000, "socket_bio {socket_bio}");
+            assert_eq!(d.stats.tls, 1);
+            assert_eq!(d.stats.tls_undecoded, 0);
+            assert_eq!(d.stats.unsupported_protocol, 0);
+            assert_eq!(
+                d.stats.truncated_calls, 0,
+                "a size-only read is not truncated"
+            );
+            assert_eq!(d.stats.desyncs, 0);
+        }
+    }
+
+    #[test]
+    fn a_tls_connection_found_open_inside_ssl_read_is_tls_from_its_first_event() {
+        let mut evs = tls_conversation(true);
+        // No open, no handshake: the agent started mid-connection.
+        evs.drain(0..4);
+        let (d, out) = run(&evs);
+        assert_eq!(out.len(), 1, "{out:#?}");
+        assert_eq!(
+            out[0].record.t0_source,
+            Some("read"),
+            "no ledger on a joined connection"
+        );
+        assert_eq!((d.stats.tls, d.stats.desyncs), (1, 0));
+    }
+
+    #[test]
+    fn a_served_tls_connection_without_plaintext_is_counted_undecoded() {
+        let evs: Vec<SocketEvent> = tls_conversation(false)
+            .into_iter()
+            .filter(|e| !matches!(e, SocketEvent::Data(d) if d.is_tls_plaintext()))
+            .collect();
+        let (d, out) = run(&evs);
+        assert!(out.is_empty());
+        assert_eq!(
+            (
+                d.stats.tls,
+                d.stats.tls_undecoded,
+                d.stats.unsupported_protocol
+            ),
+            (1, 1, 1)
+        );
     }
 
     /// An h2c prior-knowledge conversation: preface + SETTINGS, the
