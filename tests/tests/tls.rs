@@ -81,20 +81,58 @@ print("done", flush=True)
 #[test]
 #[ignore = "needs root: eBPF, network namespaces (cargo xtask test runs it as root)"]
 fn an_engine_terminating_tls_is_decoded_from_its_plaintext() {
-    tls_engine(true);
+    tls_engine(Mode::Plaintext);
 }
 
 #[test]
 #[ignore = "needs root: eBPF, network namespaces (cargo xtask test runs it as root)"]
 fn with_no_tls_an_engine_terminating_tls_is_named_and_counted_not_decoded() {
-    tls_engine(false);
+    tls_engine(Mode::NoTls);
 }
 
-fn tls_engine(plaintext: bool) {
-    let test = if plaintext {
-        "tls_plaintext"
-    } else {
-        "tls_no_tls"
+#[test]
+#[ignore = "needs root: eBPF, network and mount namespaces (cargo xtask test runs it as root)"]
+fn an_engine_in_its_own_root_filesystem_is_attached_through_proc_root() {
+    tls_engine(Mode::Container);
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// The TLS source on.
+    Plaintext,
+    /// `--no-tls`.
+    NoTls,
+    /// The TLS source on, the engine in a container-like root of its own:
+    /// a mount namespace pivoted to a tmpfs root, the host's /usr and
+    /// /root bound in read-only, and OpenSSL copied to `/opt/ssl/lib` — a
+    /// path (and files) that exist only in there, reached through
+    /// `/proc/PID/root`.
+    Container,
+}
+
+/// Runs `python3 -c SERVER …` in a root of its own (see
+/// [`Mode::Container`]), inside the network namespace.
+const CONTAINER: &str = r#"
+set -eu
+R=$(mktemp -d /tmp/tokentap-rootfs.XXXXXX)
+mount -t tmpfs rootfs "$R"
+mkdir -p "$R/usr" "$R/root" "$R/etc" "$R/dev" "$R/proc" "$R/tmp" "$R/opt/ssl/lib"
+for d in usr root etc; do mount --rbind "/$d" "$R/$d"; mount -o remount,bind,ro "$R/$d"; done
+mount --rbind /dev "$R/dev"
+mount -t proc proc "$R/proc"
+ln -s usr/bin "$R/bin"; ln -s usr/lib "$R/lib"; ln -s usr/lib64 "$R/lib64"
+cp -L /usr/lib/x86_64-linux-gnu/libssl.so.3 /usr/lib/x86_64-linux-gnu/libcrypto.so.3 "$R/opt/ssl/lib/"
+cp "$CERT" "$R/tmp/cert.pem"; cp "$KEY" "$R/tmp/key.pem"
+cd "$R"; mkdir old; pivot_root . old; umount -l /old; rmdir /old
+exec env LD_LIBRARY_PATH=/opt/ssl/lib "$PYTHON" -c "$SERVER" "$PORT" /tmp/cert.pem /tmp/key.pem
+"#;
+
+fn tls_engine(mode: Mode) {
+    let plaintext = mode != Mode::NoTls;
+    let test = match mode {
+        Mode::Plaintext => "tls_plaintext",
+        Mode::NoTls => "tls_no_tls",
+        Mode::Container => "tls_container",
     };
     assert_root(test);
     let dir = scratch_dir(test);
@@ -107,19 +145,45 @@ fn tls_engine(plaintext: bool) {
     std::fs::write(&cert, &ca.cert_pem).unwrap();
     std::fs::write(&key, &ca.key_pem).unwrap();
     std::fs::write(&ca_file, &ca.ca_pem).unwrap();
-    let ns = Netns::create(
-        if plaintext { "ttlp" } else { "ttl" },
-        if plaintext { 66 } else { 65 },
-    );
+    let ns = match mode {
+        Mode::Plaintext => Netns::create("ttlp", 66),
+        Mode::NoTls => Netns::create("ttl", 65),
+        Mode::Container => Netns::create("ttlc", 69),
+    };
     let port = free_port();
-    let (_engine, _engine_out) = start(
-        ns.command("python3")
-            .args(["-c", SERVER, &port.to_string()])
+    let mut cmd = if mode == Mode::Container {
+        let python = String::from_utf8(
+            Command::new("sh")
+                .args(["-c", "command -v python3"])
+                .output()
+                .expect("find python3")
+                .stdout,
+        )
+        .unwrap();
+        let mut c = ns.command("unshare");
+        c.args([
+            "--mount",
+            "--propagation",
+            "private",
+            "--fork",
+            "sh",
+            "-c",
+            CONTAINER,
+        ])
+        .env("PYTHON", python.trim())
+        .env("SERVER", SERVER)
+        .env("PORT", port.to_string())
+        .env("CERT", &cert)
+        .env("KEY", &key);
+        c
+    } else {
+        let mut c = ns.command("python3");
+        c.args(["-c", SERVER, &port.to_string()])
             .arg(&cert)
-            .arg(&key),
-        "listening",
-        "the TLS engine (python3)",
-    );
+            .arg(&key);
+        c
+    };
+    let (_engine, _engine_out) = start(&mut cmd, "listening", "the TLS engine (python3)");
 
     // A client connected before the agent starts: the agent finds that
     // connection open and joins it mid-way.
@@ -203,12 +267,23 @@ fn tls_engine(plaintext: bool) {
             assert_eq!(r["output_tokens"], 1, "{r}");
             assert_eq!(r["error_type"], Value::Null, "{r}");
         }
+        let attached: Vec<_> = lines
+            .iter()
+            .filter(|l| l.contains("TLS:") && l.contains("libssl"))
+            .collect();
         assert!(
-            lines
-                .iter()
-                .any(|l| l.contains("TLS:") && l.contains("libssl")),
+            !attached.is_empty(),
             "the library attached is said: {lines:#?}"
         );
+        if mode == Mode::Container {
+            // Its own copy, at a path only its root has.
+            assert!(
+                attached
+                    .iter()
+                    .all(|l| l.contains("/root/opt/ssl/lib/libssl.so.3")),
+                "{attached:#?}"
+            );
+        }
         return;
     }
     assert_eq!(named.len(), 1, "the engine named once: {lines:#?}");

@@ -81,19 +81,50 @@ pub fn unsupported_stack(maps: &str) -> Option<&'static str> {
     None
 }
 
-/// The OpenSSL files a process maps (paths as the process sees them):
-/// (libssl, libcrypto).
-pub fn openssl_paths(maps: &str) -> (Option<String>, Option<String>) {
+/// A library file a process maps: its path as the kernel shows it in
+/// `/proc/PID/maps` (inside the process's mount namespace) and the address
+/// range of its first mapping (`/proc/PID/map_files/<range>`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mapped {
+    pub path: String,
+    pub range: String,
+}
+
+/// The OpenSSL files a process maps: (libssl, libcrypto).
+pub fn openssl_paths(maps: &str) -> (Option<Mapped>, Option<Mapped>) {
     let mut ssl = None;
     let mut crypto = None;
-    for p in maps.lines().filter_map(|l| l.split_whitespace().nth(5)) {
+    for l in maps.lines() {
+        let mut f = l.split_whitespace();
+        let (Some(range), Some(p)) = (f.next(), f.nth(4)) else {
+            continue;
+        };
+        let m = || Mapped {
+            path: p.to_string(),
+            range: range.to_string(),
+        };
         if ssl.is_none() && is_libssl(p) {
-            ssl = Some(p.to_string());
+            ssl = Some(m());
         } else if crypto.is_none() && is_libcrypto(p) {
-            crypto = Some(p.to_string());
+            crypto = Some(m());
         }
     }
     (ssl, crypto)
+}
+
+/// Where the agent opens a library `pid` maps: through the process's root
+/// (`/proc/PID/root/<path>`: a container's own filesystem), or, when that
+/// path does not lead to it (a process that `chroot`ed inside its mount
+/// namespace), through the mapping itself (`/proc/PID/map_files/<range>`).
+fn library_file(proc_root: &Path, pid: u32, m: &Mapped) -> PathBuf {
+    let rooted = proc_root
+        .join(format!("{pid}/root"))
+        .join(m.path.trim_start_matches('/'));
+    if rooted.exists() {
+        rooted
+    } else {
+        proc_root.join(format!("{pid}/map_files/{}", m.range))
+    }
 }
 
 /// What the TLS source did, for `tokentap.tls.*`.
@@ -225,10 +256,8 @@ impl TlsSource {
             self.skipped.insert(pid, maps.len());
             return;
         };
-        let root = proc_root.join(format!("{pid}/root"));
-        let in_root = |p: &str| -> PathBuf { root.join(p.trim_start_matches('/')) };
-        let ssl_path = in_root(&ssl);
-        let crypto_path = crypto.as_deref().map(in_root);
+        let ssl_path = library_file(proc_root, pid, &ssl);
+        let crypto_path = crypto.as_ref().map(|m| library_file(proc_root, pid, m));
         let mut libs = Vec::new();
         for p in std::iter::once(&ssl_path).chain(crypto_path.iter()) {
             match std::fs::metadata(p) {
@@ -371,12 +400,17 @@ mod tests {
                     7f02-7f03 r-xp 00000000 08:01 99 /usr/lib/x86_64-linux-gnu/libssl3.so\n\
                     7f03-7f04 r-xp 00000000 08:01 98 /usr/lib/x86_64-linux-gnu/libcrypto.so.3\n\
                     7f03-7f04 rw-p 00000000 00:00 0 \n";
+        let (ssl, crypto) = openssl_paths(maps);
         assert_eq!(
-            openssl_paths(maps),
-            (
-                Some("/usr/lib/x86_64-linux-gnu/libssl.so.3".into()),
-                Some("/usr/lib/x86_64-linux-gnu/libcrypto.so.3".into())
-            )
+            ssl,
+            Some(Mapped {
+                path: "/usr/lib/x86_64-linux-gnu/libssl.so.3".into(),
+                range: "7f00-7f01".into()
+            })
+        );
+        assert_eq!(
+            crypto.map(|m| m.path),
+            Some("/usr/lib/x86_64-linux-gnu/libcrypto.so.3".into())
         );
         assert_eq!(unsupported_stack(maps), None);
         let nss_only = "7f02-7f03 r-xp 00000000 08:01 99 /usr/lib/x86_64-linux-gnu/libssl3.so\n";
