@@ -67,6 +67,12 @@ pub static TLS_ON: Array<u32> = Array::with_max_entries(1, 0);
 #[map]
 pub static BIO_FD: LruHashMap<u128, i32> = LruHashMap::with_max_entries(65536, 0);
 
+/// Processes (tgid) with an SSL call whose socket was not known: they may
+/// drive OpenSSL through memory BIOs, so userspace attaches the BIO probes
+/// to them (value unused).
+#[map]
+pub static TLS_WANT_BIO: LruHashMap<u32, u8> = LruHashMap::with_max_entries(1024, 0);
+
 /// The first 16 bytes of recent ciphertext socket reads (outside SSL
 /// calls), with their socket: a `BIO_write` of the same bytes ties its BIO
 /// to that socket.
@@ -249,6 +255,7 @@ pub fn ssl_ret(ctx: RetProbeContext) -> u32 {
             Some(fd) => *fd,
             None => {
                 bump(stat::TLS_UNATTRIBUTED);
+                let _ = TLS_WANT_BIO.insert(&((id >> 32) as u32), &1, 0);
                 return 0;
             }
         }

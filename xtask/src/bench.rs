@@ -19,16 +19,17 @@ use crate::util::root;
 
 pub fn run(which: &str, secs: f64, rounds: usize) -> Result<()> {
     let parts: &[&str] = match which {
-        "all" => &["decode", "gpu", "capture", "conns", "engine"],
+        "all" => &["decode", "gpu", "capture", "conns", "engine", "tls"],
         "gpu" => &["gpu"],
         "capture" => &["capture"],
         "decode" => &["decode"],
         "conns" => &["conns"],
         "engine" => &["engine"],
+        "tls" => &["tls"],
         "soak" => &["soak"],
         other => {
             bail!(
-                "unknown bench {other:?}; available: all, capture, decode, gpu, conns, engine, soak"
+                "unknown bench {other:?}; available: all, capture, decode, gpu, conns, engine, tls, soak"
             )
         }
     };
@@ -37,7 +38,7 @@ pub fn run(which: &str, secs: f64, rounds: usize) -> Result<()> {
     if root_needed && unsafe { libc::geteuid() } != 0 {
         bail!("this bench loads eBPF: run it as root (`bench decode` does not need root)");
     }
-    if parts.contains(&"engine") {
+    if parts.contains(&"engine") || parts.contains(&"tls") {
         crate::peers()?;
     }
     crate::build(crate::Profile::Dist)?;
@@ -49,6 +50,7 @@ pub fn run(which: &str, secs: f64, rounds: usize) -> Result<()> {
             "gpu" => gpu()?,
             "conns" => conns(10_000)?,
             "soak" => crate::soak::soak(secs)?,
+            "tls" => tls(rounds)?,
             _ => engine(rounds)?,
         });
     }
@@ -479,8 +481,7 @@ fn measure(workload: &[&str], tracer: Tracer) -> Result<Sample> {
 /// reads per program run, so such a run is not one of the timed ones) and
 /// the agent's programs' run time and count are read around the workload.
 fn measure_with(workload: &[&str], tracer: Tracer, prog_stats: bool) -> Result<Sample> {
-    let mut child = Command::new(bin("benchpeer"))
-        .args(workload)
+    let mut child = workload_command(workload)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -513,8 +514,12 @@ fn measure_with(workload: &[&str], tracer: Tracer, prog_stats: bool) -> Result<S
             let target = if matches!(tracer, Tracer::AgentOnWorkload(_)) {
                 pid
             } else {
-                let mut c = Command::new(bin("benchpeer"))
-                    .arg("idle")
+                let idle_workload: &[&str] = if workload.first() == Some(&"tls") {
+                    &["tls", "idle"]
+                } else {
+                    &["idle"]
+                };
+                let mut c = workload_command(idle_workload)
                     .stdin(Stdio::piped())
                     .stdout(Stdio::piped())
                     .spawn()?;
@@ -598,6 +603,74 @@ fn measure_with(workload: &[&str], tracer: Tracer, prog_stats: bool) -> Result<S
     drop(stdin);
     drop(idle);
     Ok(s)
+}
+
+/// The workload's process: `benchpeer ARGS`, or for `tls …` the TLS
+/// workload (`tests/peers/tls_bench.py`, Python's ssl over the system's
+/// OpenSSL, in the peers' virtualenv).
+fn workload_command(workload: &[&str]) -> Command {
+    if workload.first() == Some(&"tls") {
+        let peers = root().join("tests/peers");
+        let mut c = Command::new(peers.join(".venv/bin/python"));
+        c.arg(peers.join("tls_bench.py")).args(&workload[1..]);
+        c
+    } else {
+        let mut c = Command::new(bin("benchpeer"));
+        c.args(workload);
+        c
+    }
+}
+
+/// TLS: an HTTPS SSE writer (Python's ssl, OpenSSL over a socket BIO:
+/// every chunk one `SSL_write`) untraced, with the agent on it (TLS
+/// source: uprobes on its OpenSSL, plaintext captured and decoded), and
+/// with the agent on another process that maps the same libssl (the
+/// writer not a target). Alternating, medians over rounds.
+fn tls(rounds: usize) -> Result<Vec<Row>> {
+    const WRITES: &str = "20000";
+    let workload = ["tls", "stream", WRITES];
+    let tracers = [
+        Tracer::None,
+        Tracer::AgentOnWorkload(Hooks::Btf),
+        Tracer::AgentElsewhere(Hooks::Btf),
+    ];
+    let s = rounds_of(&workload, &tracers, rounds)?;
+    let per_write_us = |v: &[Sample]| med(v, |x| x.cpu_s / x.writes.max(1.0) * 1e6);
+    let rate = |v: &[Sample]| med(v, |x| x.writes / x.wall_s.max(1e-9));
+    let (c0, c1, c2) = (
+        per_write_us(&s[0]),
+        per_write_us(&s[1]),
+        per_write_us(&s[2]),
+    );
+    let (r0, r1, r2) = (rate(&s[0]), rate(&s[1]), rate(&s[2]));
+    let events = med(&s[1], |x| x.events);
+    Ok(vec![
+        row(
+            format!("TLS SSE writer CPU per SSL_write (Python ssl, {WRITES} writes of one event)"),
+            format!("{c0:.2} µs"),
+            format!("{c1:.2} µs"),
+            format!(
+                "+{:.2} µs per write ({:.2}×); {events:.0} events captured",
+                c1 - c0,
+                c1 / c0
+            ),
+            "measured",
+        ),
+        row(
+            "TLS streaming max rate (the same writer, as fast as its reader takes it)",
+            format!("{r0:.0} writes/s"),
+            format!("{r1:.0} writes/s"),
+            format!("{:.2}×", r1 / r0),
+            format!("≥ 0.9×: {}", verdict(r1 / r0 >= 0.9)),
+        ),
+        row(
+            "Non-target process using the same libssl (agent's TLS probes on another process)",
+            format!("{r0:.0} writes/s, {c0:.2} µs/write"),
+            format!("{r2:.0} writes/s, {c2:.2} µs/write"),
+            format!("{:.2}× the CPU per write", c2 / c0),
+            format!("≤ 1.1×: {}", verdict(c2 / c0 <= 1.1)),
+        ),
+    ])
 }
 
 fn median(mut v: Vec<f64>) -> f64 {

@@ -101,13 +101,16 @@ enum Cmd {
     },
     /// Run benchmarks and print one table (also written to
     /// target/bench-WHICH.md): `all` (default), `decode`, `capture`,
-    /// `conns`, `engine`.
+    /// `conns`, `engine`, `tls`.
     Bench {
         /// all; decode (decoder throughput); capture (kernel capture
         /// overhead on a write-heavy SSE server, drops, agent CPU/RSS;
         /// root); conns (agent RSS with 10,000 tracked connections; root);
         /// engine (real llama.cpp engines: traced vs untraced throughput,
-        /// TTFT/TPOT vs the client; root, installs the peers); soak (not in
+        /// TTFT/TPOT vs the client; root, installs the peers); tls (an
+        /// HTTPS SSE writer on OpenSSL: cost per SSL_write traced vs not,
+        /// max rate, cost to a process the agent does not target; root,
+        /// installs the peers); soak (not in
         /// all: `--secs 300` or more of chats from thousands of end users
         /// and API keys: events log ceiling, named callers, the agent's RSS
         /// curve; root).

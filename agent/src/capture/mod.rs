@@ -385,6 +385,7 @@ pub struct Capture {
     ebpf: Ebpf,
     tls: tls::TlsSource,
     tls_scanned: std::time::Instant,
+    tls_bio_checked: std::time::Instant,
 }
 
 impl Capture {
@@ -528,6 +529,7 @@ impl Capture {
             ebpf,
             tls: tls::TlsSource::new(opts.tls),
             tls_scanned: std::time::Instant::now(),
+            tls_bio_checked: std::time::Instant::now(),
         };
         // --port: the engines' ports are known before any engine is.
         let ports = opts.ports.clone();
@@ -610,6 +612,12 @@ impl Capture {
     /// poll timer is what picks up a trickle of records.
     pub async fn next_events(&mut self, out: &mut Vec<SocketEvent>) -> Result<()> {
         // Libraries loaded after a target started (Python's `import ssl`).
+        // Memory-BIO processes the kernel found (a fifth of a second at
+        // most: their first calls are not attributed until then).
+        if self.tls_bio_checked.elapsed() >= std::time::Duration::from_millis(200) {
+            self.tls_bio_checked = std::time::Instant::now();
+            self.tls.want_bio(&mut self.ebpf);
+        }
         if self.tls_scanned.elapsed() >= std::time::Duration::from_secs(2) {
             self.tls_scanned = std::time::Instant::now();
             self.tls.retain(&mut self.ebpf, &self.st.target_pids);

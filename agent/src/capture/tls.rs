@@ -11,6 +11,14 @@
 //! kernel writes the breakpoints into the targets' memory only, so other
 //! processes using the same library file pay nothing, not even the trap.
 //! A process that exits has its probes detached at the next scan.
+//!
+//! Each probe hit is a trap (measured on the development VM: 15–30 µs
+//! each, `docs/benchmarks.md`), so the BIO probes (memory BIOs) are
+//! attached only where they are needed: from the start in Python and Node
+//! processes (the runtimes whose event loops drive OpenSSL through memory
+//! BIOs: asyncio, uvicorn, uvloop), otherwise once the kernel reports an
+//! SSL call of that process whose socket it could not tell
+//! (`TLS_WANT_BIO`).
 
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
@@ -153,6 +161,23 @@ pub struct TlsCounts {
 struct Attached {
     libs: Vec<(u64, u64)>,
     links: Vec<(&'static str, UProbeLinkId)>,
+    /// libcrypto, while its BIO probes are not attached.
+    crypto: Option<PathBuf>,
+}
+
+/// Whether a process's runtime drives OpenSSL through memory BIOs (its
+/// event loop moves the ciphertext): Python (`_ssl`) and Node.
+pub fn uses_memory_bios(maps: &str, exe: &str) -> bool {
+    let name = exe.rsplit('/').next().unwrap_or(exe);
+    name == "node"
+        || name.starts_with("nodejs")
+        || maps
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(5))
+            .any(|p| {
+                let n = p.rsplit('/').next().unwrap_or(p);
+                n.starts_with("_ssl.cpython") || n.starts_with("_ssl.pypy")
+            })
 }
 
 #[derive(Default)]
@@ -274,7 +299,12 @@ impl TlsSource {
                 }
             }
         }
-        match self.attach(ebpf, pid, &ssl_path, crypto_path.as_deref()) {
+        let exe = std::fs::read_link(proc_root.join(format!("{pid}/exe")))
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let bio_now = uses_memory_bios(&maps, &exe);
+        let bio_path = crypto_path.as_deref().filter(|_| bio_now);
+        match self.attach(ebpf, pid, &ssl_path, bio_path) {
             Ok((links, memory_bios)) => {
                 eprintln!(
                     "tokentap: TLS: {} OpenSSL probes in pid {pid} ({}{})",
@@ -282,7 +312,15 @@ impl TlsSource {
                     ssl_path.display(),
                     if memory_bios { ", memory BIOs too" } else { "" }
                 );
-                self.pids.insert(pid, Attached { libs, links });
+                let crypto = crypto_path.filter(|_| !memory_bios);
+                self.pids.insert(
+                    pid,
+                    Attached {
+                        libs,
+                        links,
+                        crypto,
+                    },
+                );
                 self.skipped.remove(&pid);
             }
             Err((reason, e, links)) => {
@@ -294,6 +332,54 @@ impl TlsSource {
                     &format!("{}: {e:#}", ssl_path.display()),
                 );
                 self.skipped.insert(pid, maps.len());
+            }
+        }
+    }
+
+    /// Attaches the BIO probes to the processes the kernel asked for (an
+    /// SSL call whose socket it could not tell: memory BIOs).
+    pub fn want_bio(&mut self, ebpf: &mut Ebpf) {
+        let pids: Vec<u32> = match ebpf.map("TLS_WANT_BIO") {
+            Some(m) => match aya::maps::HashMap::<_, u32, u8>::try_from(m) {
+                Ok(h) => h.keys().filter_map(|k| k.ok()).collect(),
+                Err(_) => return,
+            },
+            None => return,
+        };
+        if pids.is_empty() {
+            return;
+        }
+        if let Some(Ok(mut h)) = ebpf
+            .map_mut("TLS_WANT_BIO")
+            .map(aya::maps::HashMap::<_, u32, u8>::try_from)
+        {
+            for p in &pids {
+                let _ = h.remove(p);
+            }
+        }
+        for pid in pids {
+            let Some(crypto) = self.pids.get_mut(&pid).and_then(|a| a.crypto.take()) else {
+                continue;
+            };
+            let Some(scope) = NonZeroU32::new(pid).map(UProbeScope::OneProcess) else {
+                continue;
+            };
+            let mut links = Vec::new();
+            for (name, symbol) in CRYPTO_SYMBOLS {
+                match attach_one(ebpf, name, symbol, &crypto, scope) {
+                    Ok(id) => links.push((name, id)),
+                    Err(e) => {
+                        log::warn!("TLS: {symbol} not attached on {}: {e:#}", crypto.display());
+                        *self.stats.attach_failures.entry("memory_bio").or_default() += 1;
+                    }
+                }
+            }
+            eprintln!(
+                "tokentap: TLS: pid {pid} uses memory BIOs: {} BIO probes attached",
+                links.len()
+            );
+            if let Some(a) = self.pids.get_mut(&pid) {
+                a.links.extend(links);
             }
         }
     }
@@ -415,6 +501,15 @@ mod tests {
         assert_eq!(unsupported_stack(maps), None);
         let nss_only = "7f02-7f03 r-xp 00000000 08:01 99 /usr/lib/x86_64-linux-gnu/libssl3.so\n";
         assert_eq!(openssl_paths(nss_only), (None, None));
+    }
+
+    #[test]
+    fn python_and_node_get_the_bio_probes_from_the_start() {
+        let py = "7f00-7f01 r-xp 00000000 08:01 1 /usr/lib/python3.11/lib-dynload/_ssl.cpython-311-x86_64-linux-gnu.so\n";
+        assert!(uses_memory_bios(py, "/usr/bin/python3.11"));
+        assert!(uses_memory_bios("", "/usr/local/bin/node"));
+        let cpp = "7f00-7f01 r-xp 00000000 08:01 1 /usr/lib/x86_64-linux-gnu/libssl.so.3\n";
+        assert!(!uses_memory_bios(cpp, "/app/llama-server"));
     }
 
     #[test]
