@@ -102,7 +102,7 @@ pub fn data_sys_exit(ctx: BtfTracePointContext) -> i32 {
         armed: 0,
         _pad: [0; 2],
     };
-    if crate::tls::in_ssl_call(id, fd) {
+    if crate::tls::in_ssl_call(id, fd, &p, r) {
         crate::tls::cipher_read(id, &p, r);
         return 0;
     }

@@ -77,7 +77,7 @@ fn exit(ctx: &TracePointContext) -> u32 {
     }
     // Inside an SSL call: ciphertext, whose plaintext the call's return
     // reports (and this names its socket).
-    if crate::tls::in_ssl_call(id, p.fd) {
+    if crate::tls::in_ssl_call(id, p.fd, &p, r) {
         crate::tls::cipher_read(id, &p, r);
         return 0;
     }
@@ -96,13 +96,6 @@ fn exit(ctx: &TracePointContext) -> u32 {
 /// call, medians of 8 alternating runs).
 #[inline(always)]
 pub(crate) fn emit(id: u64, p: &Pending, r: i64) {
-    emit_at(id, p, r, 0)
-}
-
-/// [`emit`], timed `ts` (`bpf_ktime_get_ns` time) instead of now when
-/// `ts` is not 0.
-#[inline(always)]
-pub(crate) fn emit_at(id: u64, p: &Pending, r: i64, ts: u64) {
     let s = match SCRATCH.get_ptr_mut(0) {
         // SAFETY: per-CPU scratch, this program is its only user on this CPU.
         Some(s) => unsafe { &mut *s },
@@ -113,9 +106,6 @@ pub(crate) fn emit_at(id: u64, p: &Pending, r: i64, ts: u64) {
         None => DEFAULT_MAX_CALL_BYTES as u64,
     };
     header(s, id, p, r);
-    if ts != 0 {
-        s.hdr.ts_ns = ts;
-    }
     if r <= 0 {
         s.hdr.total_len = 0;
         output(s, 0);

@@ -15,7 +15,7 @@
 /// Bumped whenever a layout below changes. The kernel object carries it in
 /// its [`ABI_SECTION`] ELF section; the agent compares the two before
 /// loading and refuses a mismatch.
-pub const ABI_VERSION: u32 = 9;
+pub const ABI_VERSION: u32 = 10;
 
 /// ELF section of the kernel object holding [`ABI_VERSION`] as a
 /// little-endian u32.
@@ -122,6 +122,10 @@ pub enum Syscall {
     /// record says when and how many bytes (the arrival ledger), without
     /// them (the plaintext comes as `SslRead`).
     TlsCipher = 16,
+    /// TLS plaintext given to OpenSSL's `SSL_write[_ex]`, timed at the
+    /// socket write inside the call (socket BIOs: when the ciphertext
+    /// left); `SslWrite` is timed at the call (memory BIOs).
+    SslWriteSocket = 17,
 }
 
 impl Syscall {
@@ -143,13 +147,14 @@ impl Syscall {
             14 => Self::SslRead,
             15 => Self::SslWrite,
             16 => Self::TlsCipher,
+            17 => Self::SslWriteSocket,
             _ => return None,
         })
     }
 
     /// The syscall a [`name`](Syscall::name) names.
     pub fn from_name(name: &str) -> Option<Self> {
-        (1..=16u8)
+        (1..=17u8)
             .filter_map(Self::from_u8)
             .find(|s| s.name() == name)
     }
@@ -172,6 +177,7 @@ impl Syscall {
             Self::SslRead => "ssl_read",
             Self::SslWrite => "ssl_write",
             Self::TlsCipher => "tls_cipher",
+            Self::SslWriteSocket => "ssl_write_socket",
         }
     }
 
@@ -183,9 +189,12 @@ impl Syscall {
             | Self::Recvmsg
             | Self::SslRead
             | Self::TlsCipher => Some(Direction::In),
-            Self::Write | Self::Writev | Self::Sendto | Self::Sendmsg | Self::SslWrite => {
-                Some(Direction::Out)
-            }
+            Self::Write
+            | Self::Writev
+            | Self::Sendto
+            | Self::Sendmsg
+            | Self::SslWrite
+            | Self::SslWriteSocket => Some(Direction::Out),
             _ => None,
         }
     }

@@ -1,13 +1,23 @@
 //! TLS plaintext: uprobes on OpenSSL's `SSL_read`/`SSL_read_ex`/
-//! `SSL_write`/`SSL_write_ex` (attached per library by userspace, one
-//! return program for all four). The entry saves the call's buffer; the
-//! socket read or write the same thread makes inside the call (socket BIO)
-//! names the connection and is not captured (it is ciphertext: `data.rs`
-//! and `btf.rs` ask [`in_ssl_call`]); the return copies the plaintext
-//! through the data path's `emit` as a record of syscall `SslRead` /
-//! `SslWrite` on that connection's fd. A call that made no socket call
-//! (OpenSSL answered from its own buffer) uses the fd its SSL object had
-//! last time.
+//! `SSL_write`/`SSL_write_ex` (attached per target process by userspace).
+//! Every probe hit is a trap, so a write costs one (its entry) and a read
+//! two (entry and return).
+//!
+//! Reads: the entry saves the call's buffer; the socket read the same
+//! thread makes inside the call (socket BIO) names the connection and is
+//! reported by size only (it is ciphertext: `data.rs` and `btf.rs` ask
+//! [`in_ssl_call`]); the return copies the plaintext through the data
+//! path's `emit` as a record of syscall `SslRead` on that connection's fd.
+//! A call that made no socket call (OpenSSL answered from its own buffer)
+//! uses the socket its SSL object used last (`SSL_FD`).
+//!
+//! Writes: the plaintext is whole at the entry. An SSL object known to
+//! use a memory BIO is emitted there (`SslWrite`, timed at the call); any
+//! other is armed, and the first socket write the thread makes inside the
+//! call emits it (`SslWriteSocket`, timed when the ciphertext left) and
+//! disarms it. A socket call on another socket than the SSL object's is
+//! not inside it (an armed write whose call made no socket write — an
+//! error, a zero-length write — must not claim the thread's next call).
 //!
 //! Memory BIOs (Python's asyncio `SSLProtocol`, as under uvicorn): OpenSSL
 //! makes no socket call; the event loop moves ciphertext between the
@@ -28,7 +38,7 @@ use aya_ebpf::{
 
 use crate::{
     ctx::bump,
-    data::{emit_at, emit_header_only},
+    data::{emit, emit_header_only},
     maps::{Pending, CONNS, TARGETS},
 };
 
@@ -37,16 +47,29 @@ use crate::{
 pub struct SslCall {
     ssl: u64,
     buf: u64,
-    /// `*written` / `*readbytes` of the `_ex` forms; 0 for the plain ones.
+    /// Reads: `*readbytes` of `SSL_read_ex`; 0 for `SSL_read`. Writes: the
+    /// byte count asked for.
     out_len: u64,
-    /// When the first socket write inside the call returned (0: none):
-    /// the moment a write's bytes left.
-    sock_ts: u64,
     /// The socket the call used (−1 until a socket call inside it says).
     fd: i32,
     syscall: u8,
+    /// The socket came from a memory BIO (`nested_bio`).
+    via_bio: u8,
+    _pad: [u8; 2],
+}
+
+/// An SSL object's socket and how OpenSSL reaches it.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct SslSock {
+    fd: i32,
+    /// [`SOCKET_BIO`] or [`MEMORY_BIO`].
+    kind: u8,
     _pad: [u8; 3],
 }
+
+const SOCKET_BIO: u8 = 1;
+const MEMORY_BIO: u8 = 2;
 
 /// SSL calls in progress, by pid_tgid. LRU: a thread that dies inside a
 /// call (its return never comes) must not leave a slot taken for good.
@@ -55,7 +78,7 @@ pub static SSL_ACTIVE: LruHashMap<u64, SslCall> = LruHashMap::with_max_entries(1
 
 /// The socket each SSL object used last, by (tgid, SSL pointer).
 #[map]
-pub static SSL_FD: LruHashMap<u128, i32> = LruHashMap::with_max_entries(65536, 0);
+pub static SSL_FD: LruHashMap<u128, SslSock> = LruHashMap::with_max_entries(65536, 0);
 
 /// 1 once userspace attached the TLS programs to a library: until then
 /// the data path skips every TLS lookup.
@@ -142,7 +165,7 @@ pub fn cipher_read(id: u64, p: &Pending, r: i64) {
 }
 
 #[inline(always)]
-fn enter(ctx: &ProbeContext, sc: Syscall, ex: bool) -> u32 {
+fn enter_read(ctx: &ProbeContext, ex: bool) -> u32 {
     let id = bpf_get_current_pid_tgid();
     // SAFETY: plain-data map value read by copy.
     if unsafe { TARGETS.get(&((id >> 32) as u32)) }.is_none() {
@@ -160,57 +183,138 @@ fn enter(ctx: &ProbeContext, sc: Syscall, ex: bool) -> u32 {
         ssl,
         buf,
         out_len,
-        sock_ts: 0,
         fd: -1,
-        syscall: sc as u8,
-        _pad: [0; 3],
+        syscall: Syscall::SslRead as u8,
+        via_bio: 0,
+        _pad: [0; 2],
     };
     let _ = SSL_ACTIVE.insert(&id, &call, 0);
     0
 }
 
+#[inline(always)]
+fn enter_write(ctx: &ProbeContext, ex: bool) -> u32 {
+    let id = bpf_get_current_pid_tgid();
+    // SAFETY: plain-data map value read by copy.
+    if unsafe { TARGETS.get(&((id >> 32) as u32)) }.is_none() {
+        return 0;
+    }
+    let (Some(ssl), Some(buf)) = (ctx.arg::<u64>(0), ctx.arg::<u64>(1)) else {
+        return 0;
+    };
+    // `int num` / `size_t num`.
+    let num = if ex {
+        ctx.arg::<u64>(2).unwrap_or(0)
+    } else {
+        ctx.arg::<i32>(2).unwrap_or(0).max(0) as u64
+    };
+    if num == 0 {
+        return 0;
+    }
+    // SAFETY: plain-data map value read by copy.
+    let known = unsafe { SSL_FD.get(&ssl_key(id, ssl)) }.copied();
+    if let Some(k) = known {
+        if k.kind == MEMORY_BIO {
+            // No socket call will follow inside: the plaintext now.
+            emit_write(id, buf, num, k.fd, Syscall::SslWrite);
+            return 0;
+        }
+    }
+    let call = SslCall {
+        ssl,
+        buf,
+        out_len: num,
+        fd: -1,
+        syscall: Syscall::SslWrite as u8,
+        via_bio: 0,
+        _pad: [0; 2],
+    };
+    let _ = SSL_ACTIVE.insert(&id, &call, 0);
+    0
+}
+
+/// A write's plaintext on a tracked connection.
+#[inline(always)]
+fn emit_write(id: u64, buf: u64, num: u64, fd: i32, sc: Syscall) {
+    // SAFETY: plain-data map value read by copy.
+    if unsafe { CONNS.get(&conn_key((id >> 32) as u32, fd)) }.is_none() {
+        return;
+    }
+    let p = Pending {
+        ptr: buf,
+        len: num,
+        fd,
+        syscall: sc as u8,
+        armed: 0,
+        _pad: [0; 2],
+    };
+    bump(stat::TLS_CALLS);
+    emit(id, &p, num as i64);
+}
+
 #[uprobe]
 pub fn ssl_write(ctx: ProbeContext) -> u32 {
-    enter(&ctx, Syscall::SslWrite, false)
+    enter_write(&ctx, false)
 }
 
 #[uprobe]
 pub fn ssl_write_ex(ctx: ProbeContext) -> u32 {
-    enter(&ctx, Syscall::SslWrite, true)
+    enter_write(&ctx, true)
 }
 
 #[uprobe]
 pub fn ssl_read(ctx: ProbeContext) -> u32 {
-    enter(&ctx, Syscall::SslRead, false)
+    enter_read(&ctx, false)
 }
 
 #[uprobe]
 pub fn ssl_read_ex(ctx: ProbeContext) -> u32 {
-    enter(&ctx, Syscall::SslRead, true)
+    enter_read(&ctx, true)
 }
 
-/// A socket call of this thread inside an SSL call: the SSL call's socket
-/// is `fd`, and the call's bytes (ciphertext) are not captured.
+/// A socket call of this thread (`fd`, its Pending `p`, its result `r`)
+/// on a tracked connection: true when it is inside an SSL call, whose
+/// socket it then names; its bytes are ciphertext and not captured. The
+/// first socket write inside an `SSL_write` emits the call's plaintext.
 #[inline(always)]
-pub fn in_ssl_call(id: u64, fd: i32) -> bool {
+pub fn in_ssl_call(id: u64, fd: i32, p: &Pending, r: i64) -> bool {
     if !tls_on() {
         return false;
     }
-    match SSL_ACTIVE.get_ptr_mut(&id) {
-        Some(c) => {
-            // SAFETY: this thread's own entry, written in place.
-            unsafe {
-                (*c).fd = fd;
-                if (*c).sock_ts == 0 {
-                    (*c).sock_ts = aya_ebpf::helpers::bpf_ktime_get_ns();
-                }
-            }
-            true
+    let Some(c) = SSL_ACTIVE.get_ptr_mut(&id) else {
+        return false;
+    };
+    // SAFETY: this thread's own entry, read and written in place.
+    let c = unsafe { &mut *c };
+    let key = ssl_key(id, c.ssl);
+    // SAFETY: plain-data map value read by copy.
+    if let Some(s) = unsafe { SSL_FD.get(&key) } {
+        if s.fd != fd {
+            // Not this SSL object's socket: the armed call is over.
+            let _ = SSL_ACTIVE.remove(&id);
+            return false;
         }
-        None => false,
     }
+    c.fd = fd;
+    if c.syscall == Syscall::SslWrite as u8 {
+        let out = Syscall::from_u8(p.syscall).and_then(Syscall::direction)
+            == Some(agent_ebpf::Direction::Out);
+        if out && r > 0 {
+            let sock = SslSock {
+                fd,
+                kind: SOCKET_BIO,
+                _pad: [0; 3],
+            };
+            let _ = SSL_FD.insert(&key, &sock, 0);
+            let (buf, num) = (c.buf, c.out_len);
+            let _ = SSL_ACTIVE.remove(&id);
+            emit_write(id, buf, num, fd, Syscall::SslWriteSocket);
+        }
+    }
+    true
 }
 
+/// The return of `SSL_read`/`SSL_read_ex`.
 #[uretprobe]
 pub fn ssl_ret(ctx: RetProbeContext) -> u32 {
     let id = bpf_get_current_pid_tgid();
@@ -220,12 +324,23 @@ pub fn ssl_ret(ctx: RetProbeContext) -> u32 {
         None => return 0,
     };
     let _ = SSL_ACTIVE.remove(&id);
+    if call.syscall != Syscall::SslRead as u8 {
+        return 0;
+    }
     let key = ssl_key(id, call.ssl);
     if call.fd >= 0 {
-        let _ = SSL_FD.insert(&key, &call.fd, 0);
+        let sock = SslSock {
+            fd: call.fd,
+            kind: if call.via_bio != 0 {
+                MEMORY_BIO
+            } else {
+                SOCKET_BIO
+            },
+            _pad: [0; 3],
+        };
+        let _ = SSL_FD.insert(&key, &sock, 0);
     }
-    // All four return a C `int`: the register's upper half is not its
-    // sign (SSL_write's −1 would read as 4294967295).
+    // Both return a C `int`: the register's upper half is not its sign.
     let r = ctx.ret::<i64>() as i32 as i64;
     let n: i64 = if call.out_len != 0 {
         if r != 1 {
@@ -252,7 +367,7 @@ pub fn ssl_ret(ctx: RetProbeContext) -> u32 {
     } else {
         // SAFETY: plain-data map value read by copy.
         match unsafe { SSL_FD.get(&key) } {
-            Some(fd) => *fd,
+            Some(s) => s.fd,
             None => {
                 bump(stat::TLS_UNATTRIBUTED);
                 let _ = TLS_WANT_BIO.insert(&((id >> 32) as u32), &1, 0);
@@ -274,15 +389,7 @@ pub fn ssl_ret(ctx: RetProbeContext) -> u32 {
         _pad: [0; 2],
     };
     bump(stat::TLS_CALLS);
-    // A write is timed when its ciphertext left (the socket write inside,
-    // socket BIOs), not when OpenSSL returned: the thread may be preempted
-    // in between.
-    let ts = if call.syscall == Syscall::SslWrite as u8 {
-        call.sock_ts
-    } else {
-        0
-    };
-    emit_at(id, &p, n, ts);
+    emit(id, &p, n);
     0
 }
 
@@ -300,6 +407,7 @@ fn nested_bio(id: u64, bio: u64) -> bool {
         unsafe {
             if (*c).fd < 0 {
                 (*c).fd = *fd;
+                (*c).via_bio = 1;
             }
         }
     }

@@ -64,7 +64,11 @@ impl DataEvent {
     pub fn is_tls_plaintext(&self) -> bool {
         matches!(
             self.syscall,
-            Some(agent_ebpf::Syscall::SslRead | agent_ebpf::Syscall::SslWrite)
+            Some(
+                agent_ebpf::Syscall::SslRead
+                    | agent_ebpf::Syscall::SslWrite
+                    | agent_ebpf::Syscall::SslWriteSocket
+            )
         )
     }
 

@@ -91,6 +91,14 @@ pub struct RequestRecord {
     /// before the agent started, arrival tracing off, a replay of a capture
     /// without arrivals).
     pub t0_source: Option<&'static str>,
+    /// What the response's write times (the first token's, the last
+    /// byte's) are: `write`
+    /// (the engine's socket write: plaintext, or the ciphertext's write
+    /// inside OpenSSL's `SSL_write` over a socket BIO) or `ssl_write` (the
+    /// `SSL_write` call of an engine whose event loop sends the ciphertext
+    /// itself a few microseconds later: asyncio/uvicorn's memory BIOs).
+    /// `null` when nothing of a response was written.
+    pub t1_source: Option<&'static str>,
     /// Time the request waited in the socket before the engine read its
     /// first byte (s): first read − arrival. Null when t0 is the read.
     pub queue_s: Option<f64>,

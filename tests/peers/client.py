@@ -159,18 +159,40 @@ class _TimedStream(httpcore.NetworkStream):
     def __init__(self, inner):
         self._s = inner
         self._sock = inner.get_extra_info("socket")
-        # Over TLS the socket's bytes are ciphertext: reads go through the
-        # TLS stream and are stamped when they return (`first_rx_own`
-        # false: an upper bound, not the arrival).
         self._tls = isinstance(self._sock, ssl.SSLSocket)
-        if not self._tls:
-            self._sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        self._sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        self._tls_stamp = (None, False)
+
+    def _tls_peek(self, timeout):
+        """Over TLS the socket's bytes are ciphertext, and one SSL read
+        returns one TLS record's plaintext. Before OpenSSL reads the next
+        record from the socket, peek at its 5-byte header on the raw socket:
+        the kernel's receive timestamp of the segment holding it is that
+        record's arrival — its own only when nothing else waits behind the
+        record (a later segment joining its buffer would carry its stamp)."""
+        self._sock.settimeout(timeout)
+        try:
+            head, anc, _f, _a = socket.socket.recvmsg(self._sock, 5, 64, socket.MSG_PEEK)
+        except OSError:
+            return (None, False)
+        ts = None
+        for level, kind, payload in anc:
+            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
+                sec, nsec = struct.unpack("qq", payload[:16])
+                ts = sec * 1_000_000_000 + nsec
+        if len(head) < 5:
+            return (ts, False)
+        record = 5 + struct.unpack(">H", head[3:5])[0]
+        return (ts, ts is not None and _waiting(self._sock) == record)
 
     def read(self, max_bytes, timeout=None):
         if self._tls:
+            if self._sock.pending() == 0:
+                self._tls_stamp = self._tls_peek(timeout)
             data = self._s.read(max_bytes, timeout)
-            _local.recv_ns = time.time_ns()
-            _local.recv_own = False
+            ts, own = self._tls_stamp
+            _local.recv_ns = ts if ts is not None else time.time_ns()
+            _local.recv_own = own
             return data
         try:
             self._sock.settimeout(timeout)

@@ -37,15 +37,13 @@ use aya::{
     Ebpf,
 };
 
-/// (program, symbol) pairs attached on libssl; the return program serves
-/// all four read/write functions.
-pub const SSL_SYMBOLS: [(&str, &str); 9] = [
+/// (program, symbol) pairs attached on libssl: writes need their entry
+/// only (the plaintext is whole there), reads their return too.
+pub const SSL_SYMBOLS: [(&str, &str); 7] = [
     ("ssl_write", "SSL_write"),
     ("ssl_write_ex", "SSL_write_ex"),
     ("ssl_read", "SSL_read"),
     ("ssl_read_ex", "SSL_read_ex"),
-    ("ssl_ret", "SSL_write"),
-    ("ssl_ret", "SSL_write_ex"),
     ("ssl_ret", "SSL_read"),
     ("ssl_ret", "SSL_read_ex"),
     ("ssl_free", "SSL_free"),

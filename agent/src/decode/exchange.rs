@@ -337,6 +337,7 @@ impl Exchange {
             },
             t0_ns: t0,
             t0_source: Some(t0_source),
+            t1_source: self.last_response_byte_ns.map(|_| "write"),
             protocol: Some(self.protocol),
             request_id: self.request_id,
             queue_s,

@@ -485,11 +485,29 @@ struct Conn {
     /// TLS: when the ciphertext the socket read last arrived (the
     /// plaintext decrypted next came in it).
     cipher_arrival: Option<u64>,
+    /// TLS plaintext whose writes are timed at the `SSL_write` call
+    /// (memory BIOs), not at the socket write.
+    writes_at_ssl_call: bool,
+}
+
+/// Records whose write times are `SSL_write` calls say so.
+fn stamp_ssl_write(records: &mut [Finished]) {
+    for f in records {
+        if f.record.t1_source.is_some() {
+            f.record.t1_source = Some("ssl_write");
+        }
+    }
 }
 
 impl Conn {
     /// The connection ended: a served TLS one that never showed plaintext
     /// was not measured.
+    fn stamp_t1(&self, records: &mut [Finished]) {
+        if self.writes_at_ssl_call {
+            stamp_ssl_write(records);
+        }
+    }
+
     fn ended(&self, out: &mut Out<'_>) {
         if self.tls_served && !self.plain {
             out.stats.unsupported_protocol += 1;
@@ -513,6 +531,7 @@ impl Conn {
             tls_served: false,
             plain: false,
             cipher_arrival: None,
+            writes_at_ssl_call: false,
         }
     }
 }
@@ -639,7 +658,12 @@ impl Decoder {
             }
             SocketEvent::Close(c) => {
                 if let Some(conn) = conns.remove(&tls_key(c.pid, c.fd)) {
+                    let from = out.records.len();
+                    let stamp = conn.writes_at_ssl_call;
                     conn.proto.end(End::Close(c.ts_ns), &mut out);
+                    if stamp {
+                        stamp_ssl_write(&mut out.records[from..]);
+                    }
                 }
                 if let Some(conn) = conns.remove(&(c.pid, c.fd)) {
                     conn.ended(&mut out);
@@ -690,7 +714,12 @@ impl Decoder {
                             ..Conn::new(d.pid, role, port, client)
                         }
                     });
+                    if d.syscall == Some(agent_ebpf::Syscall::SslWrite) {
+                        conn.writes_at_ssl_call = true;
+                    }
+                    let from = out.records.len();
                     on_data(conn, d, arrived, &mut out);
+                    conn.stamp_t1(&mut out.records[from..]);
                     return;
                 }
                 // Data before (or without) an open event: a connection
@@ -718,7 +747,9 @@ impl Decoder {
                             data: Vec::new(),
                             ..d.clone()
                         };
+                        let from = out.records.len();
                         on_data(plain, &g, None, &mut out);
+                        plain.stamp_t1(&mut out.records[from..]);
                     }
                 }
             }
@@ -741,7 +772,12 @@ impl Decoder {
         for k in keys {
             if let Some(c) = self.conns.remove(&k) {
                 c.ended(&mut out);
+                let from = out.records.len();
+                let stamp = c.writes_at_ssl_call;
                 c.proto.end(End::Finish, &mut out);
+                if stamp {
+                    stamp_ssl_write(&mut out.records[from..]);
+                }
             }
         }
     }
@@ -1065,7 +1101,11 @@ mod tests {
             ),
             with_syscall(
                 data(20, Dir::Out, RESPONSE),
-                agent_ebpf::Syscall::SslWrite,
+                if socket_bio {
+                    agent_ebpf::Syscall::SslWriteSocket
+                } else {
+                    agent_ebpf::Syscall::SslWrite
+                },
                 None,
             ),
             close(30),
@@ -1082,6 +1122,11 @@ mod tests {
             assert_eq!(r.request_model.as_deref(), Some("m"));
             assert_eq!(r.t0_source, Some("arrival"), "socket_bio {socket_bio}");
             assert_eq!(r.t0_ns, T0 + 8_000_000, "socket_bio {socket_bio}");
+            assert_eq!(
+                r.t1_source,
+                Some(if socket_bio { "write" } else { "ssl_write" }),
+                "socket_bio {socket_bio}"
+            );
             assert_eq!(d.stats.tls, 1);
             assert_eq!(d.stats.tls_undecoded, 0);
             assert_eq!(d.stats.unsupported_protocol, 0);
