@@ -86,7 +86,7 @@ AGENT_VARIANTS = {
     "base": DEPLOY / "kubernetes" / "base",
     "privileged": DEPLOY / "kubernetes" / "overlays" / "privileged",
     "kube-metadata": DEPLOY / "kubernetes" / "overlays" / "kube-metadata",
-    "seccomp-localhost": DEPLOY / "kubernetes" / "overlays" / "seccomp-localhost",
+    "seccomp-unconfined": DEPLOY / "kubernetes" / "overlays" / "seccomp-unconfined",
     "shared-salt": DEPLOY / "kubernetes" / "overlays" / "shared-salt",
 }
 COLLECTOR = DEPLOY / "collector"
@@ -95,22 +95,57 @@ ALLOWED_HOST_PATHS = {"/sys/kernel/tracing", "/sys/fs/cgroup"}
 LOCALHOST_PROFILE = "tokentap/agent.json"
 SECCOMP_PROFILE_FILE = DEPLOY / "kubernetes" / "seccomp" / "agent.json"
 
-# Syscalls the agent makes: measured with `strace -f` on `tokentap run`
-# (release build of 2026-11-30, --otlp-endpoint, no engine) plus those the
-# source calls on paths that run needs an engine for (agent/src:
-# pidfd_open/pidfd_getfd in capture/sockfd.rs, openat2 in
-# identity/model_version.rs, setns in enginemetrics/scrape.rs, getsockname/
-# getpeername in capture, setrlimit for RLIMIT_MEMLOCK).
+# The Localhost profile's installer: the base's one init container, the
+# only container with a writable host path (the kubelet's seccomp root), and
+# exactly these privileges (uid 0 owns that directory; no capability).
+KUBELET_SECCOMP_ROOT = "/var/lib/kubelet/seccomp"
+SECCOMP_INIT = "seccomp-profile"
+SECCOMP_INIT_SECURITY_CONTEXT = {
+    "runAsUser": 0,
+    "runAsGroup": 0,
+    "runAsNonRoot": False,
+    "privileged": False,
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+# The variant without the Localhost profile and its installer: the agent
+# Unconfined (the fallback overlay). overlays/privileged keeps the
+# installer, unused (no filter applies to a privileged container).
+UNCONFINED_VARIANTS = {"seccomp-unconfined"}
+
+# Syscalls the agent makes over its whole life, measured with `strace -f`
+# on `tokentap run` (dist build of 2026-12-02, Linux 6.18, as the DaemonSet
+# runs it: uid 0 with only CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE,
+# CAP_DAC_READ_SEARCH, no_new_privs, the base's config.toml and
+# --health-addr, probes polled): discovery of an HTTPS engine ("vllm" on
+# its command line, in its own network namespace) with a client on it,
+# the TLS attach (uprobes on its libssl through /proc/PID/root; run again
+# with CAP_SYS_ADMIN added, which the kernel requires for uprobes, so the
+# attach and the plaintext decode ran), the api_key_id key made in
+# /var/lib/tokentap, OTLP export to a name that DNS cannot resolve (the
+# base's) and to a local collector (Rotel) with the engine-metrics scrape,
+# SIGTERM and SIGINT shutdown. Plus those the source calls on paths the
+# runs did not reach (agent/src: openat2 in identity/model_version.rs,
+# setrlimit for RLIMIT_MEMLOCK, sendmsg/recvmsg/readv/fstat/statfs).
 AGENT_SYSCALLS = """
-access arch_prctl bpf brk clock_nanosleep clone close connect epoll_create1
-epoll_ctl epoll_wait eventfd2 execve exit exit_group fcntl futex getdents64
-getpid getrandom getsockopt gettid ioctl madvise mmap mprotect mremap munmap
-newfstatat openat perf_event_open poll prctl pread64 prlimit64 read readlink
-rseq rt_sigaction rt_sigprocmask sched_getaffinity set_robust_list
-set_tid_address sigaltstack socket socketpair statx uname write
-pidfd_open pidfd_getfd openat2 setns getsockname getpeername setrlimit
-sendto recvfrom sendmsg recvmsg writev readv lseek fstat statfs
+accept4 access arch_prctl bind bpf brk clock_nanosleep clone close connect
+epoll_create1 epoll_ctl epoll_wait eventfd2 execve exit exit_group fcntl
+fsync futex getdents64 getpeername getpid getrandom getsockname getsockopt
+gettid ioctl linkat listen lseek madvise mkdir mmap mprotect mremap munmap
+newfstatat openat perf_event_open pidfd_getfd pidfd_open poll prctl pread64
+prlimit64 read readlink recvfrom rseq rt_sigaction rt_sigprocmask
+rt_sigreturn sched_getaffinity sendmmsg sendto set_robust_list
+set_tid_address setns setsockopt shutdown sigaltstack socket socketpair
+statx uname unlink write writev
+openat2 setrlimit sendmsg recvmsg readv fstat statfs
 """.split()
+# Calls the agent makes that the profile answers with an errno on purpose:
+# glibc's pthread_create tries clone3 first and falls back to clone on
+# ENOSYS (the default profiles do the same: clone3's flags sit in memory,
+# out of a filter's reach).
+AGENT_SYSCALLS_ERRNO = {"clone3": 38}
 
 # Kernel headers that name every syscall (linux-libc-dev): the profile's
 # names must be real ones.
@@ -324,27 +359,39 @@ def check_agent_invariants(variant: str, objs: list[dict], doc_caps: list[str]) 
     if sc.get("runAsUser") != 0:
         raise CheckFailed(f"{variant}: runAsUser is {sc.get('runAsUser')}, expected 0 (added capabilities are effective only for uid 0)")
 
+    # Seccomp: the base's Localhost profile, installed by its init
+    # container; Unconfined only in the fallback overlay.
     seccomp = (sc.get("seccompProfile") or {})
-    if variant == "seccomp-localhost":
-        if seccomp != {"type": "Localhost", "localhostProfile": LOCALHOST_PROFILE}:
-            raise CheckFailed(f"seccomp-localhost: seccompProfile is {seccomp}")
-        if Path(LOCALHOST_PROFILE).name != SECCOMP_PROFILE_FILE.name or not SECCOMP_PROFILE_FILE.exists():
-            raise CheckFailed(f"seccomp-localhost: {LOCALHOST_PROFILE} is not shipped as {SECCOMP_PROFILE_FILE}")
-    elif not privileged_variant and seccomp.get("type") != "Unconfined":
-        raise CheckFailed(f"{variant}: seccompProfile is {seccomp}, expected Unconfined (documented choice)")
+    unconfined_variant = variant in UNCONFINED_VARIANTS
+    if unconfined_variant:
+        if seccomp != {"type": "Unconfined"}:
+            raise CheckFailed(f"{variant}: seccompProfile is {seccomp}, expected Unconfined (this overlay's one change)")
+        if pod.get("initContainers"):
+            raise CheckFailed(f"{variant}: init containers {[i['name'] for i in pod['initContainers']]} remain; Unconfined installs nothing")
+    elif not privileged_variant and seccomp != {"type": "Localhost", "localhostProfile": LOCALHOST_PROFILE}:
+        raise CheckFailed(f"{variant}: seccompProfile is {seccomp}, expected Localhost {LOCALHOST_PROFILE} "
+                          "(the base's default; Unconfined only in overlays/seccomp-unconfined)")
+    if not unconfined_variant:
+        notes.append(check_seccomp_installer(variant, objs, pod))
 
-    # hostPath volumes: only the allowed ones, each mounted read-only.
+    # hostPath volumes: only the allowed ones, each mounted read-only; the
+    # kubelet's seccomp root (writable) only where the installer runs, and
+    # only in it (check_seccomp_installer).
     vols = {v["name"]: v for v in pod.get("volumes", [])}
     host_vols = {n: v["hostPath"]["path"] for n, v in vols.items() if "hostPath" in v}
-    extra = set(host_vols.values()) - ALLOWED_HOST_PATHS
+    allowed_paths = ALLOWED_HOST_PATHS | (set() if unconfined_variant else {KUBELET_SECCOMP_ROOT})
+    extra = set(host_vols.values()) - allowed_paths
     if extra:
         raise CheckFailed(f"{variant}: hostPath volumes outside the allowed set: {sorted(extra)}")
     for o in objs:
         for cc in all_containers(o):
             for m in cc.get("volumeMounts", []):
-                if m["name"] in host_vols and o is ds and m.get("readOnly") is not True:
-                    raise CheckFailed(f"{variant}: hostPath {host_vols[m['name']]} mounted writable at {m['mountPath']}")
+                if m["name"] in host_vols and o is ds and m.get("readOnly") is not True \
+                        and not (host_vols[m["name"]] == KUBELET_SECCOMP_ROOT and cc["name"] == SECCOMP_INIT):
+                    raise CheckFailed(f"{variant}: hostPath {host_vols[m['name']]} mounted writable at {m['mountPath']} in {cc['name']}")
     for n, path in host_vols.items():
+        if path == KUBELET_SECCOMP_ROOT:
+            continue
         mounts = [m for m in c.get("volumeMounts", []) if m["name"] == n]
         if not mounts or any(m["mountPath"] != path for m in mounts):
             raise CheckFailed(f"{variant}: hostPath {path} must be mounted at the same path in the agent")
@@ -407,6 +454,58 @@ def check_agent_invariants(variant: str, objs: list[dict], doc_caps: list[str]) 
         raise CheckFailed(f"{variant}: config.toml otlp-endpoint {cfg.get('otlp-endpoint')!r} is not a Service URL")
     notes.append(f"otlp-endpoint {m.group(1)}.{m.group(2)}:{m.group(3)}")
     return notes
+
+
+def check_seccomp_installer(variant: str, objs: list[dict], pod: dict) -> str:
+    """The init container that installs the agent's Localhost profile:
+    minimal privileges, the profile byte for byte, written where the agent's
+    localhostProfile points, and the kubelet's seccomp root mounted by it
+    alone."""
+    inits = pod.get("initContainers") or []
+    if [i["name"] for i in inits] != [SECCOMP_INIT]:
+        raise CheckFailed(f"{variant}: init containers are {[i['name'] for i in inits]}, expected exactly [{SECCOMP_INIT}] "
+                          f"(it installs the Localhost seccomp profile)")
+    ic = inits[0]
+    isc = ic.get("securityContext") or {}
+    if isc != SECCOMP_INIT_SECURITY_CONTEXT:
+        raise CheckFailed(f"{variant}: init container {SECCOMP_INIT} securityContext is {isc}, "
+                          f"expected exactly {SECCOMP_INIT_SECURITY_CONTEXT}")
+    if not (ic.get("resources") or {}).get("limits", {}).get("memory"):
+        raise CheckFailed(f"{variant}: init container {SECCOMP_INIT} has no memory limit")
+    vols = {v["name"]: v for v in pod.get("volumes", [])}
+    mounts = ic.get("volumeMounts") or []
+    host = [m for m in mounts if "hostPath" in vols.get(m["name"], {})]
+    cms = [m for m in mounts if "configMap" in vols.get(m["name"], {})]
+    if len(mounts) != 2 or len(host) != 1 or len(cms) != 1:
+        raise CheckFailed(f"{variant}: init container {SECCOMP_INIT} must mount exactly the profile's ConfigMap and "
+                          f"the kubelet's seccomp root, mounts {[m['name'] for m in mounts]}")
+    host_path = vols[host[0]["name"]]["hostPath"]["path"]
+    if host_path != KUBELET_SECCOMP_ROOT:
+        raise CheckFailed(f"{variant}: init container {SECCOMP_INIT} writes hostPath {host_path}, expected {KUBELET_SECCOMP_ROOT}")
+    if cms[0].get("readOnly") is not True:
+        raise CheckFailed(f"{variant}: the profile's ConfigMap is mounted writable in {SECCOMP_INIT}")
+    cm = one(objs, "ConfigMap", vols[cms[0]["name"]]["configMap"]["name"])
+    data = (cm.get("data") or {}).get(SECCOMP_PROFILE_FILE.name)
+    if data is None or data.encode() != SECCOMP_PROFILE_FILE.read_bytes():
+        raise CheckFailed(f"{variant}: ConfigMap {cm['metadata']['name']} key {SECCOMP_PROFILE_FILE.name} differs from "
+                          f"{SECCOMP_PROFILE_FILE.relative_to(REPO)} (the profile must be shipped byte for byte)")
+    # What it copies and where: SRC and DST in its environment, used by its
+    # script; DST is the kubelet's seccomp root + the agent's localhostProfile.
+    env = {e["name"]: e.get("value") for e in ic.get("env", [])}
+    want = {"SRC": f"{cms[0]['mountPath']}/{SECCOMP_PROFILE_FILE.name}",
+            "DST": f"{host[0]['mountPath']}/{LOCALHOST_PROFILE}"}
+    if {k: env.get(k) for k in want} != want:
+        raise CheckFailed(f"{variant}: init container {SECCOMP_INIT} env SRC/DST is {[env.get('SRC'), env.get('DST')]}, "
+                          f"expected {[want['SRC'], want['DST']]} (the agent's localhostProfile under the kubelet's seccomp root)")
+    script = " ".join(ic.get("command", []) + ic.get("args", []))
+    if '"$SRC"' not in script or 'mv -f "$DST.tmp" "$DST"' not in script:
+        raise CheckFailed(f"{variant}: init container {SECCOMP_INIT}'s script does not copy $SRC and rename it onto $DST")
+    # Nobody else mounts the kubelet's seccomp root or the profile.
+    for c in pod.get("containers", []) + inits[1:] + pod.get("ephemeralContainers", []):
+        for m in c.get("volumeMounts", []):
+            if m["name"] in (host[0]["name"], cms[0]["name"]):
+                raise CheckFailed(f"{variant}: container {c['name']} mounts {m['name']}; only the init container {SECCOMP_INIT} may")
+    return f"{SECCOMP_INIT} installs {cm['metadata']['name']} at {KUBELET_SECCOMP_ROOT}/{LOCALHOST_PROFILE} (uid 0, no capability, RuntimeDefault)"
 
 
 def check_rbac(variant: str, objs: list[dict], allowed: set[tuple[str, str]]) -> None:
@@ -489,7 +588,7 @@ def check_collector(objs: list[dict], agent_objs: list[dict]) -> tuple[dict, lis
             raise CheckFailed(f"collector: {probe} must use the health_check port")
     svc = one(objs, "Service")
     sports = {p["name"]: p for p in svc["spec"]["ports"]}
-    agent_cfg = tomllib.loads(one([o for o in agent_objs if o["kind"] == "ConfigMap"], "ConfigMap")["data"]["config.toml"])
+    agent_cfg = tomllib.loads(one([o for o in agent_objs if o["kind"] == "ConfigMap" and "config.toml" in o.get("data", {})], "ConfigMap")["data"]["config.toml"])
     m = re.fullmatch(r"http://([a-z0-9-]+)\.([a-z0-9-]+)\.svc(?:\.cluster\.local)?:(\d+)", agent_cfg["otlp-endpoint"])
     assert m, "checked by the agent invariants"
     if (m.group(1), m.group(2)) != (svc["metadata"]["name"], svc["metadata"].get("namespace")):
@@ -531,21 +630,37 @@ def check_seccomp_profile() -> list[str]:
     missing = [s for s in AGENT_SYSCALLS if s not in allowed]
     if missing:
         raise CheckFailed(f"{SECCOMP_PROFILE_FILE}: the agent's syscalls {missing} are not allowed")
+    for name, errno in AGENT_SYSCALLS_ERRNO.items():
+        rules = [r for r in prof["syscalls"] if name in r["names"]]
+        if [(r["action"], r.get("errnoRet"), r.get("args")) for r in rules] != [("SCMP_ACT_ERRNO", errno, None)]:
+            raise CheckFailed(f"{SECCOMP_PROFILE_FILE}: {name} must be answered errno {errno} (the agent's libc falls back on it)")
     for must in ("bpf", "perf_event_open"):
         if must not in allowed:
             raise CheckFailed(f"{SECCOMP_PROFILE_FILE}: {must} not allowed")
-    return [f"{len(allowed)} calls allowed, all {len(AGENT_SYSCALLS)} agent calls among them, names checked against {len(known)} kernel names"]
+    return [f"{len(allowed)} calls allowed, all {len(AGENT_SYSCALLS)} agent calls among them "
+            f"({', '.join(f'{n} errno {e}' for n, e in AGENT_SYSCALLS_ERRNO.items())} by design), "
+            f"names checked against {len(known)} kernel names"]
 
 
 def container_spec(objs: list[dict]) -> dict:
     """The agent container's privileges as the container test needs them,
-    with the files its ConfigMap volumes put in the container."""
+    with the files its ConfigMap volumes put in the container.
+
+    seccomp: "Unconfined", "RuntimeDefault", or "Localhost:<absolute path of
+    the profile file>" — for the base, the file its init container installs
+    (checked byte for byte against the rendered ConfigMap before this runs),
+    so the test runs the image under exactly the base's profile."""
     ds = one(objs, "DaemonSet", "tokentap")
     pod = ds["spec"]["template"]["spec"]
     c = agent_container(ds)
     sc = c.get("securityContext") or {}
     seccomp = sc.get("seccompProfile") or pod.get("securityContext", {}).get("seccompProfile") or {"type": "RuntimeDefault"}
-    seccomp_s = seccomp["type"] if seccomp["type"] != "Localhost" else f"Localhost:{seccomp['localhostProfile']}"
+    if seccomp["type"] == "Localhost":
+        if seccomp.get("localhostProfile") != LOCALHOST_PROFILE:
+            raise CheckFailed(f"container spec: localhostProfile {seccomp.get('localhostProfile')} is not the shipped {LOCALHOST_PROFILE}")
+        seccomp_s = f"Localhost:{SECCOMP_PROFILE_FILE}"
+    else:
+        seccomp_s = seccomp["type"]
     vols = {v["name"]: v for v in pod.get("volumes", [])}
     host_paths = [
         {"host": vols[m["name"]]["hostPath"]["path"], "container": m["mountPath"], "read_only": bool(m.get("readOnly"))}
@@ -773,6 +888,8 @@ def _breakages() -> list[tuple[str, str, object, str]]:
     rbac = "deploy/kubernetes/overlays/kube-metadata/rbac.yaml"
     col = "deploy/collector/config.yaml"
     docs = "docs/deploy.md"
+    prof = "deploy/kubernetes/seccomp/agent.json"
+    unconf = "deploy/kubernetes/overlays/seccomp-unconfined/kustomization.yaml"
 
     def sub(old: str, new: str):  # noqa: ANN202
         def f(text: str) -> str:
@@ -781,23 +898,33 @@ def _breakages() -> list[tuple[str, str, object, str]]:
             return text.replace(old, new, 1)
         return f
     return [
-        ("privileged in the base", ds, sub("privileged: false", "privileged: true"), "is privileged; only overlays/privileged"),
+        ("privileged in the base", ds, sub('privileged: false\n            allowPrivilegeEscalation: false\n            readOnlyRootFilesystem: true\n            capabilities:\n              drop: ["ALL"]\n              add:', 'privileged: true\n            allowPrivilegeEscalation: false\n            readOnlyRootFilesystem: true\n            capabilities:\n              drop: ["ALL"]\n              add:'), "container agent of DaemonSet tokentap is privileged; only overlays/privileged"),
+        ("privileged installer", ds, sub("privileged: false", "privileged: true"), "container seccomp-profile of DaemonSet tokentap is privileged; only overlays/privileged"),
         ("an extra capability", ds, sub("                - DAC_READ_SEARCH\n", "                - DAC_READ_SEARCH\n                - SYS_ADMIN\n"), "capabilities.add is"),
         ("a capability fewer", ds, sub("                - SYS_PTRACE\n", ""), "capabilities.add is"),
         ("docs drift from the list", docs, sub("| `CAP_DAC_READ_SEARCH` | base |", "| `CAP_DAC_READ_SEARCH` | not added |"), "capabilities.add is"),
-        ("capabilities not dropped", ds, sub('drop: ["ALL"]', 'drop: ["NET_RAW"]'), "capabilities.drop"),
+        ("capabilities not dropped", ds, sub('drop: ["ALL"]\n              add:', 'drop: ["NET_RAW"]\n              add:'), "capabilities.drop"),
         ("hostPID off", ds, sub("hostPID: true", "hostPID: false"), "hostPID is not true"),
         ("hostNetwork on", ds, sub("hostNetwork: false", "hostNetwork: true"), "uses hostNetwork"),
         ("writable tracefs", ds, sub("mountPath: /sys/kernel/tracing\n              readOnly: true", "mountPath: /sys/kernel/tracing\n              readOnly: false"), "mounted writable"),
         ("another hostPath", ds, sub("path: /sys/fs/cgroup", "path: /var/run"), "outside the allowed set"),
         ("no readiness probe", ds, sub("path: /readyz", "path: /healthz"), "readinessProbe must be GET /readyz"),
         ("probe off the health port", ds, sub("--health-addr=0.0.0.0:9477", "--health-addr=0.0.0.0:9478"), "is not --health-addr"),
-        ("writable root filesystem", ds, sub("readOnlyRootFilesystem: true", "readOnlyRootFilesystem: false"), "readOnlyRootFilesystem is not true"),
+        ("writable root filesystem", ds, sub('readOnlyRootFilesystem: true\n            capabilities:\n              drop: ["ALL"]\n              add:', 'readOnlyRootFilesystem: false\n            capabilities:\n              drop: ["ALL"]\n              add:'), "readOnlyRootFilesystem is not true"),
         ("token in the base", sa, sub("automountServiceAccountToken: false", "automountServiceAccountToken: true"), "automountServiceAccountToken on the ServiceAccount"),
         ("RBAC write verb", rbac, sub('verbs: ["get", "list", "watch"]', 'verbs: ["get", "list", "watch", "patch"]'), "only get/list/watch"),
         ("RBAC on secrets", rbac, sub('resources: ["pods"]', 'resources: ["pods", "secrets"]'), "grants secrets"),
         ("GPU claimed", ds, sub("              memory: 256Mi\n", "              memory: 256Mi\n              nvidia.com/gpu: 1\n"), "must not claim a GPU"),
-        ("seccomp default", ds, sub("type: Unconfined", "type: RuntimeDefault"), "expected Unconfined"),
+        ("base seccomp Unconfined", ds, sub("type: Localhost\n              localhostProfile: tokentap/agent.json", "type: Unconfined"), "expected Localhost tokentap/agent.json"),
+        ("another Localhost profile", ds, sub("localhostProfile: tokentap/agent.json", "localhostProfile: tokentap/other.json"), "expected Localhost tokentap/agent.json"),
+        ("profile written elsewhere", ds, sub("value: /host-seccomp/tokentap/agent.json", "value: /host-seccomp/agent.json"), "env SRC/DST"),
+        ("profile shipped altered", prof, sub('"defaultErrnoRet": 1,', '"defaultErrnoRet": 38,'), "differs from deploy/kubernetes/seccomp/agent.json"),
+        ("installer gains a cap", ds, sub('              drop: ["ALL"]\n            seccompProfile:\n              type: RuntimeDefault', '              drop: ["ALL"]\n              add: ["DAC_OVERRIDE"]\n            seccompProfile:\n              type: RuntimeDefault'), "seccomp-profile securityContext is"),
+        ("installer unfiltered", ds, sub("type: RuntimeDefault", "type: Unconfined"), "seccomp-profile securityContext is"),
+        ("installer writes elsewhere", ds, sub("path: /var/lib/kubelet/seccomp", "path: /etc"), "writes hostPath /etc"),
+        ("agent mounts seccomp root", ds, sub("            - name: state\n              mountPath: /var/lib/tokentap\n", "            - name: state\n              mountPath: /var/lib/tokentap\n            - name: kubelet-seccomp\n              mountPath: /var/lib/kubelet/seccomp\n"), "only the init container seccomp-profile may"),
+        ("unconfined keeps installer", unconf, sub("      - op: remove\n        path: /spec/template/spec/initContainers\n", ""), "remain; Unconfined installs nothing"),
+        ("unconfined not Unconfined", unconf, sub("          type: Unconfined\n", "          type: RuntimeDefault\n"), "expected Unconfined"),
         ("unknown field (schema)", ds, sub("      hostIPC: false\n", "      hostIPC: false\n      hostPIDs: true\n"), "hostPIDs"),
         ("wrong type (schema)", ds, sub("maxUnavailable: 1", "maxUnavailable: [1]"), "maxUnavailable"),
         ("association by IP", col, sub("          - from: resource_attribute\n            name: k8s.pod.uid\n", "          - from: connection\n"), "pod_association must be"),
