@@ -573,3 +573,100 @@ fn sdk_over_tls(stack: Stack) {
         );
     }
 }
+
+/// An engine with OpenSSL linked into its executable (libssl.a, no
+/// `libssl.so` in its maps: `tests/peers/tls_static.c`, built here with
+/// the system's C compiler) is attached through its own `SSL_*` symbols
+/// (`/proc/PID/exe`), and its streams are measured.
+#[test]
+#[ignore = "needs root: eBPF, network namespaces, a C compiler and libssl-dev (cargo xtask test runs it as root)"]
+fn an_engine_with_openssl_linked_in_is_attached_through_its_executable() {
+    assert_root("tls_static");
+    let dir = scratch_dir("tls_static");
+    let bin = dir.join("tls_static");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("peers/tls_static.c");
+    let lib = "/usr/lib/x86_64-linux-gnu";
+    let out = Command::new("cc")
+        .args(["-O1", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .args([format!("{lib}/libssl.a"), format!("{lib}/libcrypto.a")])
+        .args(["-lpthread", "-ldl"])
+        .output()
+        .expect("run cc (the system's C compiler)");
+    assert!(
+        out.status.success(),
+        "cc {}: {}",
+        src.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ca = TestCa::new();
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    std::fs::write(&cert, &ca.cert_pem).unwrap();
+    std::fs::write(&key, &ca.key_pem).unwrap();
+    let ns = Netns::create("ttst", 70);
+    let port = free_port();
+    let (_engine, _engine_out) = start(
+        ns.command(&bin).arg(port.to_string()).arg(&cert).arg(&key),
+        "listening",
+        "tls_static",
+    );
+    let log = dir.join("requests.jsonl");
+    let (mut agent, agent_out) = start(
+        Command::new(tokentap_bin())
+            .args([
+                "run",
+                "--port",
+                &port.to_string(),
+                "--no-console",
+                "--no-gpu",
+            ])
+            .arg("--requests-log")
+            .arg(&log),
+        "; ready",
+        "tokentap run",
+    );
+    // Three streamed chats on one kept-alive connection.
+    let client = r#"
+import http.client, ssl, sys
+ctx = ssl.create_default_context()
+ctx.check_hostname = False
+ctx.verify_mode = ssl.CERT_NONE
+c = http.client.HTTPSConnection(sys.argv[1], int(sys.argv[2]), context=ctx)
+for i in range(3):
+    c.request("POST", "/v1/chat/completions", body='{"model":"static-%d","stream":true,"messages":[]}' % i,
+              headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    assert r.status == 200, r.status
+    body = r.read()
+    assert b"[DONE]" in body, body
+print("done")
+"#;
+    let st = Command::new("python3")
+        .args(["-c", client, &ns.ns_addr, &port.to_string()])
+        .status()
+        .expect("run the client (python3)");
+    assert!(st.success(), "the client failed");
+    std::thread::sleep(Duration::from_millis(500));
+    let (ok, lines) = interrupt(&mut agent, agent_out);
+    assert!(ok, "tokentap run failed: {lines:#?}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("OpenSSL probes in pid") && l.contains("/exe)")),
+        "attached through its executable: {lines:#?}"
+    );
+    let records = tokentap_tests::read_jsonl(&log);
+    assert_eq!(records.len(), 3, "{records:#?}\n{lines:#?}");
+    for (i, r) in records.iter().enumerate() {
+        assert_eq!(r["request_model"], format!("static-{i}"), "{r}");
+        assert_eq!(r["status"], 200, "{r}");
+        assert_eq!(r["output_tokens"], 3, "{r}");
+        assert_eq!(r["input_tokens"], 5, "{r}");
+        assert_eq!(r["t1_source"], "write", "{r}");
+        assert!(
+            r["ttft_s"].as_f64() >= Some(0.005),
+            "the first token after 5 ms: {r}"
+        );
+    }
+}

@@ -183,6 +183,8 @@ pub struct TlsSource {
     /// Off (`--no-tls`): nothing is attached.
     off: bool,
     loaded: bool,
+    /// `TLS_ON` is set.
+    on: bool,
     /// Processes with probes.
     pids: HashMap<u32, Attached>,
     /// Processes looked at and left (no OpenSSL, or it failed): not
@@ -228,11 +230,19 @@ impl TlsSource {
                 .try_into()?;
             prog.load().with_context(|| format!("loading {name}"))?;
         }
-        // The data path's TLS lookups start now.
+        self.loaded = true;
+        Ok(())
+    }
+
+    /// The data path's TLS lookups start (once a process has probes).
+    fn switch_on(&mut self, ebpf: &mut Ebpf) -> Result<()> {
+        if self.on {
+            return Ok(());
+        }
         let mut on: Array<_, u32> =
             Array::try_from(ebpf.map_mut("TLS_ON").context("TLS_ON map missing")?)?;
         on.set(0, 1, 0)?;
-        self.loaded = true;
+        self.on = true;
         Ok(())
     }
 
@@ -267,20 +277,33 @@ impl TlsSource {
             return;
         }
         let (ssl, crypto) = openssl_paths(&maps);
-        let Some(ssl) = ssl else {
-            if let Some(stack) = unsupported_stack(&maps) {
-                if !self.skipped.contains_key(&pid) {
-                    eprintln!(
-                        "tokentap: TLS: pid {pid} uses {stack}, which tokentap cannot read: its HTTPS traffic is not measured"
-                    );
-                    *self.stats.attach_failures.entry(stack).or_default() += 1;
+        let (ssl_path, crypto_path) = match ssl {
+            Some(ssl) => (
+                library_file(proc_root, pid, &ssl),
+                crypto.as_ref().map(|m| library_file(proc_root, pid, m)),
+            ),
+            None => {
+                if let Some(stack) = unsupported_stack(&maps) {
+                    if !self.skipped.contains_key(&pid) {
+                        eprintln!(
+                            "tokentap: TLS: pid {pid} uses {stack}, which tokentap cannot read: its HTTPS traffic is not measured"
+                        );
+                        *self.stats.attach_failures.entry(stack).or_default() += 1;
+                    }
+                    self.skipped.insert(pid, maps.len());
+                    return;
                 }
+                // OpenSSL linked into the executable itself (a vendored
+                // build): its own `SSL_read` symbol says so. Looked at
+                // once per process (and again if its mappings change).
+                let exe = proc_root.join(format!("{pid}/exe"));
+                if self.skipped.contains_key(&pid) || !exports(&exe, "SSL_read") {
+                    self.skipped.insert(pid, maps.len());
+                    return;
+                }
+                (exe.clone(), Some(exe))
             }
-            self.skipped.insert(pid, maps.len());
-            return;
         };
-        let ssl_path = library_file(proc_root, pid, &ssl);
-        let crypto_path = crypto.as_ref().map(|m| library_file(proc_root, pid, m));
         let mut libs = Vec::new();
         for p in std::iter::once(&ssl_path).chain(crypto_path.iter()) {
             match std::fs::metadata(p) {
@@ -304,6 +327,12 @@ impl TlsSource {
         let bio_path = crypto_path.as_deref().filter(|_| bio_now);
         match self.attach(ebpf, pid, &ssl_path, bio_path) {
             Ok((links, memory_bios)) => {
+                if let Err(e) = self.switch_on(ebpf) {
+                    detach(ebpf, links);
+                    self.fail(pid, libs.first().copied(), "load", &format!("{e:#}"));
+                    self.skipped.insert(pid, maps.len());
+                    return;
+                }
                 eprintln!(
                     "tokentap: TLS: {} OpenSSL probes in pid {pid} ({}{})",
                     links.len(),
@@ -446,6 +475,22 @@ impl TlsSource {
             }
         }
         Ok((links, memory_bios))
+    }
+}
+
+/// Whether the ELF file at `path` defines `symbol` (in `.dynsym` or
+/// `.symtab`).
+fn exports(path: &Path, symbol: &str) -> bool {
+    let Ok(data) = std::fs::read(path) else {
+        return false;
+    };
+    use object::{Object, ObjectSymbol};
+    match object::File::parse(&*data) {
+        Ok(f) => f
+            .dynamic_symbols()
+            .chain(f.symbols())
+            .any(|s| s.is_definition() && s.name() == Ok(symbol)),
+        Err(_) => false,
     }
 }
 
