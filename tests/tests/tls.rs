@@ -1,14 +1,23 @@
-//! An engine that terminates TLS itself, as root: Python's `ssl` (OpenSSL,
-//! a threaded server: socket BIOs) serving HTTPS inside its own network
-//! namespace, the agent started after a client opened a kept-alive
-//! connection to it. With the TLS source (uprobes on the engine's libssl)
-//! every request after the agent started is recorded from its plaintext,
-//! the one on the connection opened before the agent included; the
-//! connections count in `tokentap.decode.tls` and nothing counts as not
-//! decoded. With `--no-tls` tokentap sees only ciphertext and must say so —
-//! count every connection in `tls` and `unsupported_protocol`, the joined
-//! one included, name the engine once on stderr — and record nothing and
-//! count no decode error.
+//! Engines that terminate TLS themselves, as root, each in its own network
+//! namespace:
+//!
+//! * a threaded Python HTTPS server (OpenSSL over socket BIOs), the agent
+//!   started after a client opened a kept-alive connection: every request
+//!   after the agent started is recorded from its plaintext, the joined
+//!   connection's included (but the one its thread was already blocked in
+//!   `SSL_read` for); with `--no-tls` tokentap sees only ciphertext and
+//!   says so — counts every connection in `tls` and `unsupported_protocol`,
+//!   names the engine once — and records nothing, no decode error; the
+//!   same engine pivoted into a root filesystem of its own with its own
+//!   OpenSSL copy (attached through `/proc/PID/root`); the agent with only
+//!   the DaemonSet's capabilities (a kernel that refuses it uprobes says so
+//!   once);
+//! * the `openai` SDK over TLS (a CA the test makes) against uvicorn
+//!   (asyncio memory BIOs) and llama.cpp's `llama-server` built with
+//!   OpenSSL: every request once, tokens equal to the server's usage, TTFT
+//!   against ground truth within 1 ms at p99;
+//! * a C engine with OpenSSL linked in (`libssl.a`), attached through its
+//!   own executable's symbols.
 
 use std::{
     io::{BufRead, BufReader, Write},
@@ -96,8 +105,20 @@ fn an_engine_in_its_own_root_filesystem_is_attached_through_proc_root() {
     tls_engine(Mode::Container);
 }
 
+#[test]
+#[ignore = "needs root: eBPF, network namespaces (cargo xtask test runs it as root)"]
+fn with_the_daemonsets_capabilities_a_kernel_refusing_uprobes_is_said_once() {
+    tls_engine(Mode::BaseCapabilities);
+}
+
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Mode {
+    /// The TLS source on, the agent with exactly the DaemonSet's
+    /// capabilities (bounding set: BPF, PERFMON, SYS_PTRACE,
+    /// DAC_READ_SEARCH). Kernels with the fix for CVE-2025-38466 refuse it
+    /// uprobes: said once, counted, and the engine's TLS counted as not
+    /// decoded (as with `--no-tls`); elsewhere it is decoded.
+    BaseCapabilities,
     /// The TLS source on.
     Plaintext,
     /// `--no-tls`.
@@ -128,11 +149,11 @@ exec env LD_LIBRARY_PATH=/opt/ssl/lib "$PYTHON" -c "$SERVER" "$PORT" /tmp/cert.p
 "#;
 
 fn tls_engine(mode: Mode) {
-    let plaintext = mode != Mode::NoTls;
     let test = match mode {
         Mode::Plaintext => "tls_plaintext",
         Mode::NoTls => "tls_no_tls",
         Mode::Container => "tls_container",
+        Mode::BaseCapabilities => "tls_base_caps",
     };
     assert_root(test);
     let dir = scratch_dir(test);
@@ -149,6 +170,7 @@ fn tls_engine(mode: Mode) {
         Mode::Plaintext => Netns::create("ttlp", 66),
         Mode::NoTls => Netns::create("ttl", 65),
         Mode::Container => Netns::create("ttlc", 69),
+        Mode::BaseCapabilities => Netns::create("ttlb", 71),
     };
     let port = free_port();
     let mut cmd = if mode == Mode::Container {
@@ -198,25 +220,29 @@ fn tls_engine(mode: Mode) {
     assert_eq!(said.next().unwrap().unwrap(), "first");
 
     let log = dir.join("requests.jsonl");
-    let (mut agent, agent_out) = start(
+    let mut cmd = if mode == Mode::BaseCapabilities {
+        let mut c = Command::new("setpriv");
+        c.arg("--bounding-set=-all,+bpf,+perfmon,+sys_ptrace,+dac_read_search")
+            .arg(tokentap_bin());
+        c
+    } else {
         Command::new(tokentap_bin())
-            .args([
-                "run",
-                "--port",
-                &port.to_string(),
-                "--no-console",
-                "--no-gpu",
-            ])
-            .args(if plaintext {
-                &[][..]
-            } else {
-                &["--no-tls"][..]
-            })
-            .arg("--requests-log")
-            .arg(&log),
-        "; ready",
-        "tokentap run",
-    );
+    };
+    cmd.args([
+        "run",
+        "--port",
+        &port.to_string(),
+        "--no-console",
+        "--no-gpu",
+    ])
+    .args(if mode == Mode::NoTls {
+        &["--no-tls"][..]
+    } else {
+        &[][..]
+    })
+    .arg("--requests-log")
+    .arg(&log);
+    let (mut agent, agent_out) = start(&mut cmd, "; ready", "tokentap run");
     writeln!(client.stdin.as_mut().unwrap()).unwrap();
     assert_eq!(said.next().unwrap().unwrap(), "done");
     assert!(client.wait().unwrap().success(), "the TLS client failed");
@@ -244,6 +270,32 @@ fn tls_engine(mode: Mode) {
     assert!(decode["joined"].as_u64() >= Some(1), "{decode}");
     let named: Vec<_> = lines.iter().filter(|l| l.contains("speaks TLS")).collect();
     let logged = std::fs::read_to_string(&log).unwrap_or_default();
+    let refused: Vec<_> = lines
+        .iter()
+        .filter(|l| l.contains("uprobes refused"))
+        .collect();
+    let plaintext = match mode {
+        Mode::NoTls => false,
+        // Said once, with what to do, and counted.
+        Mode::BaseCapabilities if !refused.is_empty() => {
+            assert_eq!(refused.len(), 1, "{refused:#?}");
+            assert!(refused[0].contains("CAP_SYS_ADMIN"), "{}", refused[0]);
+            let summary = lines
+                .iter()
+                .find(|l| l.contains("requests recorded"))
+                .unwrap();
+            assert!(
+                summary.contains(r#""attach_failures":{"permission":1}"#),
+                "{summary}"
+            );
+            assert_eq!(decode["tls_undecoded"], 4, "{decode}");
+            false
+        }
+        _ => {
+            assert!(refused.is_empty(), "{refused:#?}");
+            true
+        }
+    };
     if plaintext {
         assert!(named.is_empty(), "not named: {named:?}");
         assert_eq!(decode["unsupported_protocol"], 0, "{decode}");

@@ -192,6 +192,8 @@ pub struct TlsSource {
     skipped: HashMap<u32, usize>,
     /// Library files whose failure was said (once each).
     said: HashSet<(u64, u64)>,
+    /// The kernel's refusal of uprobes was said.
+    said_permission: bool,
     stats: TlsStats,
 }
 
@@ -413,6 +415,14 @@ impl TlsSource {
 
     fn fail(&mut self, pid: u32, lib: Option<(u64, u64)>, reason: &'static str, why: &str) {
         *self.stats.attach_failures.entry(reason).or_default() += 1;
+        if reason == "permission" {
+            // The same for every process: said once.
+            if !self.said_permission {
+                self.said_permission = true;
+                eprintln!("tokentap: TLS: uprobes refused ({why}): {PERMISSION_HELP}");
+            }
+            return;
+        }
         if lib.is_none_or(|l| self.said.insert(l)) {
             eprintln!("tokentap: TLS: pid {pid} not attached ({reason}): {why}");
         }
@@ -450,7 +460,9 @@ impl TlsSource {
                     log::debug!("{symbol} not attached on {}: {e:#}", ssl.display());
                 }
                 Err(e) => {
-                    let reason = if format!("{e:#}").contains("symbol") {
+                    let reason = if refused(&e) {
+                        "permission"
+                    } else if format!("{e:#}").contains("symbol") {
                         "symbol_missing"
                     } else {
                         "attach"
@@ -475,6 +487,26 @@ impl TlsSource {
             }
         }
         Ok((links, memory_bios))
+    }
+}
+
+/// What to do when the kernel refuses uprobes to this agent.
+const PERMISSION_HELP: &str =
+    "kernels with the fix for CVE-2025-38466 (Linux 6.16; 6.15.7, 6.12.39, \
+6.6.99, 6.1.146, 5.15.189, 5.10.240) give uprobes only to CAP_SYS_ADMIN. HTTPS engines are not \
+measured from their plaintext (counted in tokentap.tls.attach_failures{reason=\"permission\"}); \
+everything else is. Grant CAP_SYS_ADMIN (Kubernetes: deploy/kubernetes/overlays/tls) or measure \
+where TLS ends (a terminating proxy or sidecar)";
+
+/// Whether an attach failed because the kernel refused the caller
+/// (EACCES, EPERM).
+fn refused(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::PermissionDenied)
+    }) || {
+        let t = format!("{e:#}");
+        t.contains("Permission denied") || t.contains("Operation not permitted")
     }
 }
 
