@@ -228,21 +228,12 @@ fn tls_engine(mode: Mode) {
     } else {
         Command::new(tokentap_bin())
     };
-    cmd.args([
-        "run",
-        "--port",
-        &port.to_string(),
-        "--no-console",
-        "--no-gpu",
-    ])
-    .args(if mode == Mode::NoTls {
-        &["--no-tls"][..]
+    let extra: &[&str] = if mode == Mode::NoTls {
+        &["--no-tls"]
     } else {
-        &[][..]
-    })
-    .arg("--requests-log")
-    .arg(&log);
-    let (mut agent, agent_out) = start(&mut cmd, "; ready", "tokentap run");
+        &[]
+    };
+    let (mut agent, agent_out) = start_agent(&mut cmd, port, &log, extra);
     writeln!(client.stdin.as_mut().unwrap()).unwrap();
     assert_eq!(said.next().unwrap().unwrap(), "done");
     assert!(client.wait().unwrap().success(), "the TLS client failed");
@@ -348,6 +339,27 @@ fn tls_engine(mode: Mode) {
     assert_eq!(decode["records"], 0, "{decode}");
     assert!(logged.is_empty(), "nothing recorded: {logged}");
     assert!(Path::new(&log).exists());
+}
+
+/// `cmd` (the agent, or a wrapper running it) with `run --port PORT`,
+/// its request log at `log`, once ready.
+fn start_agent(
+    cmd: &mut Command,
+    port: u16,
+    log: &Path,
+    extra: &[&str],
+) -> (tokentap_tests::Running, std::sync::mpsc::Receiver<String>) {
+    cmd.args([
+        "run",
+        "--port",
+        &port.to_string(),
+        "--no-console",
+        "--no-gpu",
+    ])
+    .args(extra)
+    .arg("--requests-log")
+    .arg(log);
+    start(cmd, "; ready", "tokentap run")
 }
 
 /// The real TLS stacks the `openai` SDK (over TLS, with the test's CA)
@@ -481,20 +493,7 @@ fn sdk_over_tls(stack: Stack) {
     assert_eq!(said.next().unwrap().unwrap(), "held");
 
     let log = dir.join("requests.jsonl");
-    let (mut agent, agent_out) = start(
-        Command::new(tokentap_bin())
-            .args([
-                "run",
-                "--port",
-                &port.to_string(),
-                "--no-console",
-                "--no-gpu",
-            ])
-            .arg("--requests-log")
-            .arg(&log),
-        "; ready",
-        "tokentap run",
-    );
+    let (mut agent, agent_out) = start_agent(&mut Command::new(tokentap_bin()), port, &log, &[]);
     std::fs::write(&hold, "").unwrap();
     assert!(held.wait().unwrap().success(), "the held client failed");
     let st = tokentap_tests::peers::die_with_parent(&mut client("new", 24, None))
@@ -664,20 +663,7 @@ fn an_engine_with_openssl_linked_in_is_attached_through_its_executable() {
         "tls_static",
     );
     let log = dir.join("requests.jsonl");
-    let (mut agent, agent_out) = start(
-        Command::new(tokentap_bin())
-            .args([
-                "run",
-                "--port",
-                &port.to_string(),
-                "--no-console",
-                "--no-gpu",
-            ])
-            .arg("--requests-log")
-            .arg(&log),
-        "; ready",
-        "tokentap run",
-    );
+    let (mut agent, agent_out) = start_agent(&mut Command::new(tokentap_bin()), port, &log, &[]);
     // Three streamed chats on one kept-alive connection.
     let client = r#"
 import http.client, ssl, sys

@@ -708,34 +708,41 @@ impl Metrics {
             "Memory BIOs (asyncio/uvicorn TLS) tied to their socket by content",
             |t| t.bios_linked,
         );
+        let tls_gauge = |name: &'static str,
+                         unit: &'static str,
+                         desc: &'static str,
+                         f: fn(&crate::capture::tls::TlsCounts) -> u64| {
+            let hl = hl.clone();
+            meter
+                .u64_observable_gauge(name)
+                .with_unit(unit)
+                .with_description(desc)
+                .with_callback(move |o| {
+                    let t = hl.tls_source.lock().unwrap_or_else(|p| p.into_inner());
+                    o.observe(f(&t), &[])
+                })
+                .build()
+        };
+        let _ = tls_gauge(
+            "tokentap.tls.processes",
+            "{process}",
+            "Target processes whose OpenSSL is probed now",
+            |t| t.source.processes,
+        );
+        let _ = tls_gauge(
+            "tokentap.tls.libraries",
+            "{file}",
+            "OpenSSL library files (device, inode) probed now",
+            |t| t.source.libraries,
+        );
         {
             let hl = hl.clone();
             let _ = meter
-                .u64_observable_gauge("tokentap.tls.processes")
-                .with_unit("{process}")
-                .with_description("Target processes whose OpenSSL is probed now")
-                .with_callback(move |o| {
-                    let t = hl.tls_source.lock().unwrap_or_else(|p| p.into_inner());
-                    o.observe(t.source.processes, &[])
-                })
-                .build();
-            let hl2 = health.clone();
-            let _ = meter
-                .u64_observable_gauge("tokentap.tls.libraries")
-                .with_unit("{file}")
-                .with_description("OpenSSL library files (device, inode) probed now")
-                .with_callback(move |o| {
-                    let t = hl2.tls_source.lock().unwrap_or_else(|p| p.into_inner());
-                    o.observe(t.source.libraries, &[])
-                })
-                .build();
-            let hl3 = health.clone();
-            let _ = meter
                 .u64_observable_counter("tokentap.tls.attach_failures")
                 .with_unit("{process}")
-                .with_description("Target processes whose TLS is not read, by reason (java, boringssl, gnutls: stacks tokentap cannot read; symbol_missing, unreadable, attach, load; memory_bio: socket BIOs only)")
+                .with_description("Target processes whose TLS is not read, by reason (permission: the kernel refuses uprobes without CAP_SYS_ADMIN; java, boringssl, gnutls: stacks tokentap cannot read; symbol_missing, unreadable, attach, load; memory_bio: socket BIOs only)")
                 .with_callback(move |o| {
-                    let t = hl3.tls_source.lock().unwrap_or_else(|p| p.into_inner());
+                    let t = hl.tls_source.lock().unwrap_or_else(|p| p.into_inner());
                     for (r, n) in &t.source.attach_failures {
                         o.observe(*n, &[KeyValue::new("reason", *r)]);
                     }
