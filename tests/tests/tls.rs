@@ -157,15 +157,7 @@ fn tls_engine(mode: Mode) {
     };
     assert_root(test);
     let dir = scratch_dir(test);
-    let ca = TestCa::new();
-    let (cert, key, ca_file) = (
-        dir.join("cert.pem"),
-        dir.join("key.pem"),
-        dir.join("ca.pem"),
-    );
-    std::fs::write(&cert, &ca.cert_pem).unwrap();
-    std::fs::write(&key, &ca.key_pem).unwrap();
-    std::fs::write(&ca_file, &ca.ca_pem).unwrap();
+    let (cert, key, ca_file) = tls_files(&dir);
     let ns = match mode {
         Mode::Plaintext => Netns::create("ttlp", 66),
         Mode::NoTls => Netns::create("ttl", 65),
@@ -341,6 +333,22 @@ fn tls_engine(mode: Mode) {
     assert!(Path::new(&log).exists());
 }
 
+/// A server certificate (for 127.0.0.1; clients here do not check the
+/// name) and its key from a CA the test makes, and that CA, as PEM files
+/// in `dir`: (cert, key, ca).
+fn tls_files(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf, std::path::PathBuf) {
+    let ca = TestCa::new();
+    let (cert, key, ca_file) = (
+        dir.join("cert.pem"),
+        dir.join("key.pem"),
+        dir.join("ca.pem"),
+    );
+    std::fs::write(&cert, &ca.cert_pem).unwrap();
+    std::fs::write(&key, &ca.key_pem).unwrap();
+    std::fs::write(&ca_file, &ca.ca_pem).unwrap();
+    (cert, key, ca_file)
+}
+
 /// `cmd` (the agent, or a wrapper running it) with `run --port PORT`,
 /// its request log at `log`, once ready.
 fn start_agent(
@@ -409,15 +417,7 @@ fn sdk_over_tls(stack: Stack) {
     assert_root(test);
     let peers = Peers::installed(test);
     let dir = scratch_dir(test);
-    let ca = TestCa::new();
-    let (cert, key, ca_file) = (
-        dir.join("cert.pem"),
-        dir.join("key.pem"),
-        dir.join("ca.pem"),
-    );
-    std::fs::write(&cert, &ca.cert_pem).unwrap();
-    std::fs::write(&key, &ca.key_pem).unwrap();
-    std::fs::write(&ca_file, &ca.ca_pem).unwrap();
+    let (cert, key, ca_file) = tls_files(&dir);
     let ns = match stack {
         Stack::Uvicorn => Netns::create("ttu", 67),
         Stack::LlamaServer => Netns::create("ttls", 68),
@@ -651,10 +651,7 @@ fn an_engine_with_openssl_linked_in_is_attached_through_its_executable() {
         src.display(),
         String::from_utf8_lossy(&out.stderr)
     );
-    let ca = TestCa::new();
-    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
-    std::fs::write(&cert, &ca.cert_pem).unwrap();
-    std::fs::write(&key, &ca.key_pem).unwrap();
+    let (cert, key, _) = tls_files(&dir);
     let ns = Netns::create("ttst", 70);
     let port = free_port();
     let (_engine, _engine_out) = start(
