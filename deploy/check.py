@@ -88,6 +88,7 @@ AGENT_VARIANTS = {
     "kube-metadata": DEPLOY / "kubernetes" / "overlays" / "kube-metadata",
     "seccomp-unconfined": DEPLOY / "kubernetes" / "overlays" / "seccomp-unconfined",
     "shared-salt": DEPLOY / "kubernetes" / "overlays" / "shared-salt",
+    "tls": DEPLOY / "kubernetes" / "overlays" / "tls",
 }
 COLLECTOR = DEPLOY / "collector"
 
@@ -114,6 +115,14 @@ SECCOMP_INIT_SECURITY_CONTEXT = {
 # Unconfined (the fallback overlay). overlays/privileged keeps the
 # installer, unused (no filter applies to a privileged container).
 UNCONFINED_VARIANTS = {"seccomp-unconfined"}
+
+# Overlays whose one change is capabilities added to the base's: the
+# rendered variant must equal the base except for exactly these, appended
+# to the agent's capabilities.add, and docs/deploy.md's privileges table
+# must mark each of them `overlays/<name>`. overlays/tls: uprobes need
+# CAP_SYS_ADMIN on kernels with the CVE-2025-38466 fix (docs/deploy.md,
+# "TLS (HTTPS engines)").
+OVERLAY_ADDED_CAPS = {"tls": ["SYS_ADMIN"]}
 
 # Syscalls the agent makes over its whole life, measured with `strace -f`
 # on `tokentap run` (dist build of 2026-12-02, Linux 6.18, as the DaemonSet
@@ -294,6 +303,68 @@ def documented_capabilities(docs_md: Path) -> list[str]:
     return caps
 
 
+def documented_overlay_capabilities(docs_md: Path) -> dict[str, list[str]]:
+    """The capabilities docs/deploy.md's privileges table marks as added by
+    an overlay (`overlays/NAME`), per overlay; they must be exactly
+    OVERLAY_ADDED_CAPS."""
+    if not docs_md.exists():
+        raise CheckFailed(f"{docs_md} is missing (it documents the capability list)")
+    found: dict[str, list[str]] = {}
+    for line in docs_md.read_text().splitlines():
+        m = re.match(r"^\|\s*`CAP_([A-Z_]+)`\s*\|\s*overlays/([a-z0-9-]+)(?:\s+only)?\s*\|", line)
+        if m:
+            found.setdefault(m.group(2), []).append(m.group(1))
+    for overlay in sorted(set(found) | set(OVERLAY_ADDED_CAPS)):
+        if found.get(overlay, []) != OVERLAY_ADDED_CAPS.get(overlay, []):
+            raise CheckFailed(f"docs/deploy.md: the privileges table marks {found.get(overlay, [])} as added by overlays/{overlay}, "
+                              f"the overlay adds {OVERLAY_ADDED_CAPS.get(overlay, [])} (rows `CAP_X` | overlays/{overlay})")
+    return found
+
+
+def first_difference(a: object, b: object, path: str = "") -> str | None:
+    """The path of the first place where two parsed YAML values differ."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in list(a) + [k for k in b if k not in a]:
+            if k not in a or k not in b:
+                return f"{path}/{k}"
+            d = first_difference(a[k], b[k], f"{path}/{k}")
+            if d:
+                return d
+        return None
+    if isinstance(a, list) and isinstance(b, list):
+        for i, (x, y) in enumerate(zip(a, b)):
+            d = first_difference(x, y, f"{path}/{i}")
+            if d:
+                return d
+        return f"{path}/{min(len(a), len(b))}" if len(a) != len(b) else None
+    return None if a == b else path or "/"
+
+
+def check_only_added_caps(variant: str, objs: list[dict], base_objs: list[dict] | None) -> str:
+    """An OVERLAY_ADDED_CAPS variant is the base with exactly those
+    capabilities appended to the agent's, nothing else changed (privileges,
+    mounts, seccomp, args, every other object)."""
+    import copy
+
+    added = OVERLAY_ADDED_CAPS[variant]
+    if base_objs is None:
+        raise CheckFailed(f"{variant}: the base did not render, nothing to compare overlays/{variant} with")
+    mine = copy.deepcopy(objs)
+    caps = agent_container(one(mine, "DaemonSet", "tokentap")).get("securityContext", {}).get("capabilities") or {}
+    add = caps.get("add") or []
+    if add[len(add) - len(added):] != added:
+        raise CheckFailed(f"{variant}: capabilities.add is {add}, expected the base's followed by {added}")
+    caps["add"] = add[:len(add) - len(added)]
+    if len(mine) != len(base_objs):
+        raise CheckFailed(f"{variant}: renders {len(mine)} objects, the base {len(base_objs)}; overlays/{variant} may only add {added}")
+    for o, b in zip(mine, base_objs):
+        d = first_difference(o, b)
+        if d:
+            raise CheckFailed(f"{variant}: {o.get('kind')} {o.get('metadata', {}).get('name')} differs from the base at {d}; "
+                              f"overlays/{variant} may only add {added} to the agent's capabilities")
+    return f"the base + {', '.join(added)}, nothing else changed"
+
+
 def agent_container(ds: dict) -> dict:
     cs = [c for c in ds["spec"]["template"]["spec"]["containers"] if c["name"] == "agent"]
     if len(cs) != 1:
@@ -315,8 +386,11 @@ def free_port() -> int:
 # ---------------------------------------------------------------- invariants
 
 
-def check_agent_invariants(variant: str, objs: list[dict], doc_caps: list[str]) -> list[str]:
-    """Security and wiring invariants of one rendered agent variant. Returns notes."""
+def check_agent_invariants(variant: str, objs: list[dict], doc_caps: list[str],
+                           base_objs: list[dict] | None = None) -> list[str]:
+    """Security and wiring invariants of one rendered agent variant. Returns
+    notes. base_objs: the base's render, which an OVERLAY_ADDED_CAPS variant
+    must equal but for its capabilities."""
     notes = []
     privileged_variant = variant == "privileged"
     kube_variant = variant == "kube-metadata"
@@ -350,8 +424,10 @@ def check_agent_invariants(variant: str, objs: list[dict], doc_caps: list[str]) 
         caps = sc.get("capabilities") or {}
         if caps.get("drop") != ["ALL"]:
             raise CheckFailed(f"{variant}: capabilities.drop is {caps.get('drop')}, expected [ALL]")
-        if caps.get("add") != doc_caps:
-            raise CheckFailed(f"{variant}: capabilities.add is {caps.get('add')}, docs/deploy.md documents {doc_caps}")
+        want_caps = doc_caps + OVERLAY_ADDED_CAPS.get(variant, [])
+        if caps.get("add") != want_caps:
+            raise CheckFailed(f"{variant}: capabilities.add is {caps.get('add')}, docs/deploy.md documents {want_caps}"
+                              + (f" (the base's + {OVERLAY_ADDED_CAPS[variant]} of overlays/{variant})" if variant in OVERLAY_ADDED_CAPS else ""))
         if sc.get("allowPrivilegeEscalation") is not False:
             raise CheckFailed(f"{variant}: allowPrivilegeEscalation is not false")
     if sc.get("readOnlyRootFilesystem") is not True:
@@ -453,6 +529,8 @@ def check_agent_invariants(variant: str, objs: list[dict], doc_caps: list[str]) 
     if not m:
         raise CheckFailed(f"{variant}: config.toml otlp-endpoint {cfg.get('otlp-endpoint')!r} is not a Service URL")
     notes.append(f"otlp-endpoint {m.group(1)}.{m.group(2)}:{m.group(3)}")
+    if variant in OVERLAY_ADDED_CAPS:
+        notes.append(check_only_added_caps(variant, objs, base_objs))
     return notes
 
 
@@ -842,6 +920,8 @@ def run_checks(args: argparse.Namespace) -> int:
     import kubernetes_validate
 
     doc_caps = step("docs: documented capabilities", lambda: documented_capabilities(REPO / "docs" / "deploy.md"))
+    step("docs: overlay capabilities", lambda: "; ".join(
+        f"overlays/{o}: {', '.join(c)}" for o, c in documented_overlay_capabilities(REPO / "docs" / "deploy.md").items()))
     renders = {}
     for name, path in {**AGENT_VARIANTS, "collector": COLLECTOR}.items():
         objs = step(f"render {name}", lambda p=path: load_docs(kz.build(p)))
@@ -852,7 +932,7 @@ def run_checks(args: argparse.Namespace) -> int:
     if isinstance(doc_caps, list):
         for name in AGENT_VARIANTS:
             if name in renders:
-                step(f"invariants {name}", lambda n=name: "; ".join(check_agent_invariants(n, renders[n], doc_caps)))
+                step(f"invariants {name}", lambda n=name: "; ".join(check_agent_invariants(n, renders[n], doc_caps, renders.get("base"))))
     if "default" in renders and "base" in renders and renders["default"] != renders["base"]:
         rows.append(("default == base", "FAIL", "deploy/kubernetes renders differently from its base"))
         failed = True
@@ -890,6 +970,8 @@ def _breakages() -> list[tuple[str, str, object, str]]:
     docs = "docs/deploy.md"
     prof = "deploy/kubernetes/seccomp/agent.json"
     unconf = "deploy/kubernetes/overlays/seccomp-unconfined/kustomization.yaml"
+    tls = "deploy/kubernetes/overlays/tls/kustomization.yaml"
+    tls_cap = "        path: /spec/template/spec/containers/0/securityContext/capabilities/add/-\n        value: SYS_ADMIN\n"
 
     def sub(old: str, new: str):  # noqa: ANN202
         def f(text: str) -> str:
@@ -925,6 +1007,11 @@ def _breakages() -> list[tuple[str, str, object, str]]:
         ("agent mounts seccomp root", ds, sub("            - name: state\n              mountPath: /var/lib/tokentap\n", "            - name: state\n              mountPath: /var/lib/tokentap\n            - name: kubelet-seccomp\n              mountPath: /var/lib/kubelet/seccomp\n"), "only the init container seccomp-profile may"),
         ("unconfined keeps installer", unconf, sub("      - op: remove\n        path: /spec/template/spec/initContainers\n", ""), "remain; Unconfined installs nothing"),
         ("unconfined not Unconfined", unconf, sub("          type: Unconfined\n", "          type: RuntimeDefault\n"), "expected Unconfined"),
+        ("tls adds another cap", tls, sub(tls_cap, tls_cap + "      - op: add\n        path: /spec/template/spec/containers/0/securityContext/capabilities/add/-\n        value: NET_ADMIN\n"), "tls: capabilities.add is"),
+        ("tls without SYS_ADMIN", tls, sub("value: SYS_ADMIN", "value: SYS_RESOURCE"), "tls: capabilities.add is"),
+        ("tls changes more", tls, sub(tls_cap, tls_cap + "      - op: add\n        path: /spec/template/spec/containers/0/securityContext/procMount\n        value: Unmasked\n"), "differs from the base at"),
+        ("tls seccomp Unconfined", tls, sub(tls_cap, tls_cap + "      - op: replace\n        path: /spec/template/spec/containers/0/securityContext/seccompProfile\n        value:\n          type: Unconfined\n"), "tls: seccompProfile is"),
+        ("docs drop the tls row", docs, sub("| `CAP_SYS_ADMIN` | overlays/tls |", "| `CAP_SYS_ADMIN` | not added |"), "as added by overlays/tls"),
         ("unknown field (schema)", ds, sub("      hostIPC: false\n", "      hostIPC: false\n      hostPIDs: true\n"), "hostPIDs"),
         ("wrong type (schema)", ds, sub("maxUnavailable: 1", "maxUnavailable: [1]"), "maxUnavailable"),
         ("association by IP", col, sub("          - from: resource_attribute\n            name: k8s.pod.uid\n", "          - from: connection\n"), "pod_association must be"),
@@ -937,11 +1024,12 @@ def _breakages() -> list[tuple[str, str, object, str]]:
 def check_tree(kz: Kustomize, root: Path, k8s_version: str) -> None:
     """Every check but Rotel's on a copy of deploy/ and docs/ under root."""
     doc_caps = documented_capabilities(root / "docs" / "deploy.md")
+    documented_overlay_capabilities(root / "docs" / "deploy.md")
     renders = {}
     for name, path in AGENT_VARIANTS.items():
         renders[name] = load_docs(kz.build(root / path.relative_to(REPO)))
         validate_schemas(name, renders[name], k8s_version)
-        check_agent_invariants(name, renders[name], doc_caps)
+        check_agent_invariants(name, renders[name], doc_caps, renders.get("base"))
     collector = load_docs(kz.build(root / COLLECTOR.relative_to(REPO)))
     validate_schemas("collector", collector, k8s_version)
     check_collector(collector, renders["base"])

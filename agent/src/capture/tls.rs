@@ -299,11 +299,23 @@ impl TlsSource {
                 // build): its own `SSL_read` symbol says so. Looked at
                 // once per process (and again if its mappings change).
                 let exe = proc_root.join(format!("{pid}/exe"));
-                if self.skipped.contains_key(&pid) || !exports(&exe, "SSL_read") {
+                if self.skipped.contains_key(&pid) {
                     self.skipped.insert(pid, maps.len());
                     return;
                 }
-                (exe.clone(), Some(exe))
+                match exe_tls(&exe) {
+                    ExeTls::OpenSsl => (exe.clone(), Some(exe)),
+                    other => {
+                        if let Some(stack) = other.unreadable() {
+                            eprintln!(
+                                "tokentap: TLS: pid {pid} is built with {stack}: if it serves HTTPS, tokentap cannot read it (its TLS connections count in tokentap.tls.undecoded)"
+                            );
+                            *self.stats.attach_failures.entry(stack).or_default() += 1;
+                        }
+                        self.skipped.insert(pid, maps.len());
+                        return;
+                    }
+                }
             }
         };
         let mut libs = Vec::new();
@@ -510,19 +522,56 @@ fn refused(e: &anyhow::Error) -> bool {
     }
 }
 
-/// Whether the ELF file at `path` defines `symbol` (in `.dynsym` or
-/// `.symtab`).
-fn exports(path: &Path, symbol: &str) -> bool {
+/// What TLS an executable carries in itself.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ExeTls {
+    /// OpenSSL linked in: it defines `SSL_read`.
+    OpenSsl,
+    /// A Go program (`.go.buildinfo`): `crypto/tls` if it serves HTTPS.
+    Go,
+    /// rustls linked in (its symbols, where not stripped).
+    Rustls,
+    None,
+}
+
+impl ExeTls {
+    /// The stack's name where tokentap cannot read it.
+    fn unreadable(&self) -> Option<&'static str> {
+        match self {
+            ExeTls::Go => Some("go"),
+            ExeTls::Rustls => Some("rustls"),
+            _ => None,
+        }
+    }
+}
+
+/// Reads the ELF file at `path` once: which TLS it carries.
+pub fn exe_tls(path: &Path) -> ExeTls {
     let Ok(data) = std::fs::read(path) else {
-        return false;
+        return ExeTls::None;
     };
-    use object::{Object, ObjectSymbol};
-    match object::File::parse(&*data) {
-        Ok(f) => f
-            .dynamic_symbols()
-            .chain(f.symbols())
-            .any(|s| s.is_definition() && s.name() == Ok(symbol)),
-        Err(_) => false,
+    exe_tls_of(&data)
+}
+
+fn exe_tls_of(data: &[u8]) -> ExeTls {
+    use object::{Object, ObjectSection, ObjectSymbol};
+    let Ok(f) = object::File::parse(data) else {
+        return ExeTls::None;
+    };
+    let mut rustls = false;
+    for s in f.dynamic_symbols().chain(f.symbols()) {
+        let Ok(name) = s.name() else { continue };
+        if s.is_definition() && name == "SSL_read" {
+            return ExeTls::OpenSsl;
+        }
+        rustls |= name.contains("rustls");
+    }
+    if f.section_by_name(".go.buildinfo").is_some() {
+        ExeTls::Go
+    } else if rustls {
+        ExeTls::Rustls
+    } else {
+        ExeTls::None
     }
 }
 
@@ -585,6 +634,16 @@ mod tests {
         assert!(uses_memory_bios("", "/usr/local/bin/node"));
         let cpp = "7f00-7f01 r-xp 00000000 08:01 1 /usr/lib/x86_64-linux-gnu/libssl.so.3\n";
         assert!(!uses_memory_bios(cpp, "/app/llama-server"));
+    }
+
+    #[test]
+    fn executables_say_which_tls_they_carry() {
+        // This test binary links rustls (the OTLP exporter's TLS).
+        let me = std::env::current_exe().unwrap();
+        assert_eq!(exe_tls(&me), ExeTls::Rustls);
+        // coreutils: none.
+        assert_eq!(exe_tls(Path::new("/bin/true")), ExeTls::None);
+        assert_eq!(exe_tls_of(b"not an ELF"), ExeTls::None);
     }
 
     #[test]
