@@ -299,8 +299,8 @@ impl TlsSource {
                 // build): its own `SSL_read` symbol says so. Looked at
                 // once per process (and again if its mappings change).
                 let exe = proc_root.join(format!("{pid}/exe"));
-                if self.skipped.contains_key(&pid) {
-                    self.skipped.insert(pid, maps.len());
+                if let Some(len) = self.skipped.get_mut(&pid) {
+                    *len = maps.len();
                     return;
                 }
                 match exe_tls(&exe) {
@@ -554,7 +554,7 @@ pub fn exe_tls(path: &Path) -> ExeTls {
 }
 
 fn exe_tls_of(data: &[u8]) -> ExeTls {
-    use object::{Object, ObjectSection, ObjectSymbol};
+    use object::{Object, ObjectSymbol};
     let Ok(f) = object::File::parse(data) else {
         return ExeTls::None;
     };
