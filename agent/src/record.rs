@@ -99,6 +99,20 @@ pub struct RequestRecord {
     /// itself a few microseconds later: asyncio/uvicorn's memory BIOs).
     /// `null` when nothing of a response was written.
     pub t1_source: Option<&'static str>,
+    /// The engine's own report of where the time went (its clocks, read
+    /// from what it puts on the wire; `null` when it does not say):
+    /// waiting in its scheduler (`engine_queue_s`), prompt processing up to
+    /// the first token (`prefill_s`), generating the rest (`decode_s`),
+    /// loading the model (`model_load_s`, Ollama), prompt tokens served
+    /// from its prefix cache (`cached_input_tokens`), and which engine
+    /// field said so (`stages_source`: `llamacpp_timings`, `ollama`,
+    /// `tgi_headers`, `openai_usage`, or two joined by `+`).
+    pub engine_queue_s: Option<f64>,
+    pub prefill_s: Option<f64>,
+    pub decode_s: Option<f64>,
+    pub model_load_s: Option<f64>,
+    pub cached_input_tokens: Option<u64>,
+    pub stages_source: Option<&'static str>,
     /// Time the request waited in the socket before the engine read its
     /// first byte (s): first read − arrival. Null when t0 is the read.
     pub queue_s: Option<f64>,

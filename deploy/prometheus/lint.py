@@ -67,6 +67,10 @@ INSTRUMENTS: dict[str, tuple[str, str]] = {
     "gen_ai.server.request.duration": ("histogram", "s"),
     "tokentap.server.time_per_output_chunk": ("histogram", "s"),
     "tokentap.server.queue_time": ("histogram", "s"),
+    "tokentap.server.engine_queue_time": ("histogram", "s"),
+    "tokentap.server.prefill_time": ("histogram", "s"),
+    "tokentap.server.decode_time": ("histogram", "s"),
+    "tokentap.server.cached_input_tokens": ("counter", "{token}"),
     "gen_ai.server.token.usage": ("histogram", "{token}"),
     "tokentap.requests": ("counter", "{request}"),
     # agent/src/sinks/otlp/mod.rs: requests that are not LLM requests, by route class
@@ -140,6 +144,10 @@ ATTRIBUTES: dict[str, set[str]] = {
     "gen_ai.server.request.duration": REQUEST_KEYS,
     "tokentap.server.time_per_output_chunk": REQUEST_KEYS,
     "tokentap.server.queue_time": REQUEST_KEYS,
+    "tokentap.server.engine_queue_time": REQUEST_KEYS,
+    "tokentap.server.prefill_time": REQUEST_KEYS,
+    "tokentap.server.decode_time": REQUEST_KEYS,
+    "tokentap.server.cached_input_tokens": REQUEST_KEYS,
     "gen_ai.server.token.usage": REQUEST_KEYS | {"gen_ai.token.type"},
     "tokentap.requests": REQUEST_KEYS,
     # Metrics::other_request: requests that are not LLM requests.

@@ -18,6 +18,11 @@ fn secs(ns: u64) -> f64 {
     ns as f64 / 1e9
 }
 
+/// Microseconds as seconds.
+fn us_secs(us: Option<u64>) -> Option<f64> {
+    us.map(|u| u as f64 / 1e6)
+}
+
 /// Where a request is in its life; built by `decode`, finished into a
 /// record exactly once.
 #[derive(Clone, Debug)]
@@ -59,6 +64,8 @@ pub struct Exchange {
     pub request_id: Option<String>,
     /// The response called a tool.
     tool_calls: bool,
+    /// Where the time went, as the engine reported it.
+    pub stages: crate::decode::formats::Stages,
     first_content_ns: Option<u64>,
     first_reasoning_ns: Option<u64>,
     first_answer_ns: Option<u64>,
@@ -113,6 +120,7 @@ impl Exchange {
             request_id: None,
             tool_calls: false,
             first_content_ns: None,
+            stages: crate::decode::formats::Stages::default(),
             first_reasoning_ns: None,
             first_answer_ns: None,
             last_content_ns: None,
@@ -215,6 +223,7 @@ impl Exchange {
             self.finish_reason = Some(f.into_owned());
         }
         self.stream_error |= info.error;
+        self.stages.merge(&info.stages);
     }
 
     /// Finish the request. `end_ns`: when it ended (last byte, or the
@@ -338,6 +347,12 @@ impl Exchange {
             t0_ns: t0,
             t0_source: Some(t0_source),
             t1_source: self.last_response_byte_ns.map(|_| "write"),
+            engine_queue_s: us_secs(self.stages.engine_queue_us),
+            prefill_s: us_secs(self.stages.prefill_us),
+            decode_s: us_secs(self.stages.decode_us),
+            model_load_s: us_secs(self.stages.model_load_us),
+            cached_input_tokens: self.stages.cached_input_tokens,
+            stages_source: self.stages.source,
             protocol: Some(self.protocol),
             request_id: self.request_id,
             queue_s,

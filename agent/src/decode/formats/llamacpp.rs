@@ -31,6 +31,9 @@ pub(super) fn interpret(json: &[u8]) -> Option<EventInfo<'_>> {
             .0
             .or(o.timings.as_ref().and_then(|t| t.prompt_n.0));
     }
+    if let Some(t) = &o.timings {
+        info.stages.merge(&t.stages());
+    }
     Some(info)
 }
 
@@ -49,5 +52,17 @@ mod tests {
         assert_eq!((e.input_tokens, e.output_tokens), (Some(2), Some(5)));
         let e = interpret(br#"{"stop":true,"timings":{"prompt_n":4,"predicted_n":6}}"#).unwrap();
         assert_eq!((e.input_tokens, e.output_tokens), (Some(4), Some(6)));
+    }
+
+    #[test]
+    fn timings_give_the_engines_own_prefill_and_decode() {
+        let e = interpret(br#"{"content":"","stop":true,"timings":{"cache_n":3,"prompt_n":4,"prompt_ms":12.3456,"predicted_n":6,"predicted_ms":50.5,"predicted_per_token_ms":10.1}}"#).unwrap();
+        assert_eq!(e.stages.prefill_us, Some(12_346));
+        assert_eq!(e.stages.decode_us, Some(50_500));
+        assert_eq!(e.stages.cached_input_tokens, Some(3));
+        assert_eq!(e.stages.engine_queue_us, None);
+        assert_eq!(e.stages.source, Some("llamacpp_timings"));
+        let e = interpret(br#"{"content":"x","stop":false}"#).unwrap();
+        assert!(e.stages.is_empty());
     }
 }

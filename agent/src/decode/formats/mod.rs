@@ -221,6 +221,86 @@ pub struct EventInfo<'a> {
     pub tool_calls: bool,
     /// The response's own id (OpenAI `id`), borrowed from the event.
     pub response_id: Option<Cow<'a, str>>,
+    /// What the engine says about where the request's time went.
+    pub stages: Stages,
+}
+
+/// Where a request's time went, as the engine reports it on the wire (its
+/// own clocks): microseconds, `None` when the engine does not say. Later
+/// reports of a request fill in what earlier ones left out.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stages {
+    /// Waiting in the engine's scheduler before its first compute.
+    pub engine_queue_us: Option<u64>,
+    /// Processing the prompt (prefill), up to the first token.
+    pub prefill_us: Option<u64>,
+    /// Generating the output tokens after the first.
+    pub decode_us: Option<u64>,
+    /// Loading the model for this request (Ollama).
+    pub model_load_us: Option<u64>,
+    /// Input tokens served from a prefix cache.
+    pub cached_input_tokens: Option<u64>,
+    /// The engine field they came from (`llamacpp_timings`, `ollama`,
+    /// `tgi_headers`, `openai_usage`).
+    pub source: Option<&'static str>,
+}
+
+impl Stages {
+    pub fn is_empty(&self) -> bool {
+        self.source.is_none()
+    }
+
+    /// Fields `other` has replace this one's; its source is added (when it
+    /// said anything).
+    pub fn merge(&mut self, other: &Stages) {
+        let Some(src) = other.source else { return };
+        let said = [
+            other.engine_queue_us,
+            other.prefill_us,
+            other.decode_us,
+            other.model_load_us,
+            other.cached_input_tokens,
+        ]
+        .iter()
+        .any(Option::is_some);
+        if !said {
+            return;
+        }
+        macro_rules! take {
+            ($($f:ident),*) => { $(if other.$f.is_some() { self.$f = other.$f; })* };
+        }
+        take!(
+            engine_queue_us,
+            prefill_us,
+            decode_us,
+            model_load_us,
+            cached_input_tokens
+        );
+        self.source = match self.source {
+            Some(s) if s != src && !s.contains(src) => Some(if s < src {
+                Self::joined(s, src)
+            } else {
+                Self::joined(src, s)
+            }),
+            Some(s) => Some(s),
+            None => Some(src),
+        };
+    }
+
+    /// Two sources named together (a request that reports stages in two
+    /// places: llama.cpp's timings and OpenAI usage's cached tokens).
+    fn joined(a: &'static str, b: &'static str) -> &'static str {
+        match (a, b) {
+            ("llamacpp_timings", "openai_usage") => "llamacpp_timings+openai_usage",
+            ("openai_usage", "tgi_headers") => "openai_usage+tgi_headers",
+            _ => a,
+        }
+    }
+}
+
+/// Milliseconds (a JSON number, possibly fractional) as microseconds.
+pub(crate) fn ms_to_us(ms: f64) -> Option<u64> {
+    (ms.is_finite() && ms >= 0.0).then(|| (ms * 1000.0).round() as u64)
 }
 
 impl Default for EventInfo<'_> {
@@ -236,6 +316,7 @@ impl Default for EventInfo<'_> {
             end_of_stream: false,
             tool_calls: false,
             response_id: None,
+            stages: Stages::default(),
         }
     }
 }
@@ -311,6 +392,7 @@ mod ollama;
 mod openai;
 pub use openai::set_fast_path;
 mod tgi;
+pub use tgi::tgi_header_stages;
 mod triton;
 
 /// A string field that tolerates other JSON types (they read as absent),
@@ -461,13 +543,39 @@ struct Usage {
     completion_tokens: Num,
     input_tokens: Num,
     output_tokens: Num,
+    prompt_tokens_details: Option<CachedDetails>,
+    input_tokens_details: Option<CachedDetails>,
 }
 
+/// `usage.prompt_tokens_details` (Chat/Completions) or
+/// `usage.input_tokens_details` (Responses).
+#[derive(Deserialize, Default, Debug)]
+#[serde(default)]
+struct CachedDetails {
+    cached_tokens: Num,
+}
+
+/// llama.cpp's `timings` (native `/completion` and its OpenAI streams).
 #[derive(Deserialize, Default, Debug)]
 #[serde(default)]
 struct Timings {
     prompt_n: Num,
     predicted_n: Num,
+    prompt_ms: Float,
+    predicted_ms: Float,
+    cache_n: Num,
+}
+
+impl Timings {
+    fn stages(&self) -> Stages {
+        Stages {
+            prefill_us: self.prompt_ms.0.and_then(ms_to_us),
+            decode_us: self.predicted_ms.0.and_then(ms_to_us),
+            cached_input_tokens: self.cache_n.0,
+            source: Some("llamacpp_timings"),
+            ..Stages::default()
+        }
+    }
 }
 
 /// Copies a `usage` object's token counts (either naming) into `info`.
@@ -477,6 +585,62 @@ fn usage_into(u: &Usage, info: &mut EventInfo<'_>) {
     }
     if let Some(n) = u.completion_tokens.0.or(u.output_tokens.0) {
         info.output_tokens = Some(n);
+    }
+    let cached = u
+        .prompt_tokens_details
+        .as_ref()
+        .or(u.input_tokens_details.as_ref())
+        .and_then(|d| d.cached_tokens.0);
+    if cached.is_some() {
+        info.stages.merge(&Stages {
+            cached_input_tokens: cached,
+            source: Some("openai_usage"),
+            ..Stages::default()
+        });
+    }
+}
+
+/// A number field that tolerates other JSON types (they read as absent):
+/// any finite non-negative number, fractions kept.
+#[derive(Debug, Default, Clone, Copy)]
+struct Float(Option<f64>);
+
+impl<'de> Deserialize<'de> for Float {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Float;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a number")
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Float, E> {
+                Ok(Float(Some(v as f64)))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Float, E> {
+                Ok(Float((v >= 0).then_some(v as f64)))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Float, E> {
+                Ok(Float((v.is_finite() && v >= 0.0).then_some(v)))
+            }
+            fn visit_str<E: de::Error>(self, _: &str) -> Result<Float, E> {
+                Ok(Float(None))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<Float, A::Error> {
+                while m.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+                Ok(Float(None))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut s: A) -> Result<Float, A::Error> {
+                while s.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(Float(None))
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Float, E> {
+                Ok(Float(None))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Float, E> {
+                Ok(Float(None))
+            }
+        }
+        d.deserialize_any(V)
     }
 }
 

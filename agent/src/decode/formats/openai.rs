@@ -324,6 +324,7 @@ fn serde_interpret(format: Format, json: &[u8]) -> Option<EventInfo<'_>> {
         if info.output_tokens.is_none() {
             info.output_tokens = t.predicted_n.0;
         }
+        info.stages.merge(&t.stages());
     }
     if format == Format::Unknown && info.content == Content::None {
         // Unknown shapes: every event is a chunk; tokens unknown.
@@ -516,6 +517,34 @@ mod tests {
         )
         .unwrap();
         assert_eq!((e.input_tokens, e.output_tokens), (Some(4), Some(9)));
+    }
+
+    #[test]
+    fn llamacpp_timings_and_cached_tokens_give_the_engines_stages() {
+        // llama-server's last chat chunk: usage (asked for) and timings.
+        let e = interpret_any(
+            Format::OpenAiChat,
+            br#"{"choices":[],"created":1,"id":"chatcmpl-x","model":"m","object":"chat.completion.chunk","usage":{"completion_tokens":8,"prompt_tokens":13,"total_tokens":21,"prompt_tokens_details":{"cached_tokens":5}},"timings":{"cache_n":5,"prompt_n":8,"prompt_ms":3.21,"prompt_per_token_ms":0.4,"prompt_per_second":2492.2,"predicted_n":8,"predicted_ms":41.02,"predicted_per_token_ms":5.1,"predicted_per_second":195.0}}"#,
+        )
+        .unwrap();
+        assert_eq!(e.stages.prefill_us, Some(3_210));
+        assert_eq!(e.stages.decode_us, Some(41_020));
+        assert_eq!(e.stages.cached_input_tokens, Some(5));
+        assert_eq!(e.stages.source, Some("llamacpp_timings+openai_usage"));
+        // vLLM/OpenAI: cached tokens only.
+        let e = interpret_any(
+            Format::OpenAiCompletions,
+            br#"{"choices":[],"usage":{"prompt_tokens":20,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":16}}}"#,
+        )
+        .unwrap();
+        assert_eq!(e.stages.cached_input_tokens, Some(16));
+        assert_eq!((e.stages.prefill_us, e.stages.source), (None, Some("openai_usage")));
+        // Responses API.
+        let e = interpret_responses(br#"{"type":"response.completed","response":{"model":"m","status":"completed","usage":{"input_tokens":5,"output_tokens":7,"input_tokens_details":{"cached_tokens":4}}}}"#).unwrap();
+        assert_eq!(e.stages.cached_input_tokens, Some(4));
+        // Nothing said, nothing reported.
+        let e = interpret_any(Format::OpenAiChat, br#"{"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2}}"#).unwrap();
+        assert!(e.stages.is_empty());
     }
 
     #[test]

@@ -4,7 +4,7 @@
 
 use serde::Deserialize;
 
-use super::{add, Content, EventInfo, Loose, Num, Text};
+use super::{add, Content, EventInfo, Loose, Num, Stages, Text};
 
 #[derive(Deserialize, Default, Debug)]
 #[serde(default)]
@@ -66,5 +66,41 @@ mod tests {
         let e = interpret(br#"{"generated_text":"Hello"}"#).unwrap();
         assert_eq!((e.content, e.content_parts), (Content::Answer, 1));
         assert!(interpret(b"not json").is_none());
+    }
+}
+
+/// TGI's timing response headers (`/generate`, `/generate_stream`): its
+/// router's `x-queue-time` (milliseconds waiting for a batch slot) is the
+/// engine queue. `x-inference-time` is prefill and decode together (and
+/// `x-time-per-token` that divided by the tokens): TGI does not split
+/// them, so neither is reported.
+pub fn tgi_header_stages(header: &dyn Fn(&str) -> Option<String>) -> Stages {
+    match header("x-queue-time").and_then(|v| v.trim().parse::<u64>().ok()) {
+        Some(ms) => Stages {
+            engine_queue_us: Some(ms.saturating_mul(1000)),
+            source: Some("tgi_headers"),
+            ..Stages::default()
+        },
+        None => Stages::default(),
+    }
+}
+
+#[cfg(test)]
+mod header_tests {
+    use super::*;
+
+    #[test]
+    fn tgi_headers_give_the_queue_time() {
+        let h = |n: &str| match n {
+            "x-queue-time" => Some("12".to_string()),
+            "x-inference-time" => Some("250".to_string()),
+            _ => None,
+        };
+        let s = tgi_header_stages(&h);
+        assert_eq!(s.engine_queue_us, Some(12_000));
+        assert_eq!((s.prefill_us, s.decode_us), (None, None));
+        assert_eq!(s.source, Some("tgi_headers"));
+        assert!(tgi_header_stages(&|_| None).is_empty());
+        assert!(tgi_header_stages(&|_| Some("soon".into())).is_empty());
     }
 }

@@ -96,6 +96,8 @@ pub struct ResponseHead {
     pub upgrade: Option<String>,
     /// `None`: the body runs until the connection closes.
     pub framing: Option<Framing>,
+    /// TGI's timing headers (`x-queue-time`).
+    pub stages: crate::decode::formats::Stages,
 }
 
 impl Head for RequestHead {
@@ -143,6 +145,7 @@ impl Head for ResponseHead {
             server: header_str(resp.headers, "server"),
             upgrade: header_str(resp.headers, "upgrade").map(|u| u.to_ascii_lowercase()),
             framing,
+            stages: crate::decode::formats::tgi_header_stages(&|n| header_str(resp.headers, n)),
         };
         Ok(Some((head, n)))
     }

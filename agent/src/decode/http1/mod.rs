@@ -428,6 +428,7 @@ impl Http1Conn {
                     let head_request = self.heads.first() == Some(&x.seq);
                     x.status = Some(head.status);
                     x.last_response_byte_ns = Some(ts);
+                    x.stages.merge(&head.stages);
                     if x.provider.is_none() {
                         x.provider = head.server.as_deref().and_then(Engine::from_server_header);
                     }

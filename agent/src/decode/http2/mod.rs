@@ -749,6 +749,11 @@ impl Http2Conn {
                     }
                     h.x.status = Some(s);
                     h.x.last_response_byte_ns = Some(b.ts);
+                    h.x
+                        .stages
+                        .merge(&crate::decode::formats::tgi_header_stages(&|n| {
+                            get_str(fields, n)
+                        }));
                     if h.x.provider.is_none() {
                         h.x.provider = get_str(fields, "server")
                             .as_deref()

@@ -151,6 +151,11 @@ struct RequestInstruments {
     duration: Histogram<f64>,
     chunk: Histogram<f64>,
     queue: Histogram<f64>,
+    /// The engine's own stage times (`prefill_s`, …), by stage.
+    engine_queue: Histogram<f64>,
+    prefill: Histogram<f64>,
+    decode: Histogram<f64>,
+    cached_input: Counter<u64>,
     tokens: Histogram<u64>,
     requests: Counter<u64>,
     /// `tokentap.http.requests`: requests that are not LLM requests.
@@ -191,6 +196,29 @@ impl RequestInstruments {
             "Time a request waited unread in the engine's socket: first read - arrival (requests whose arrival the kernel reported)",
             &TTFT_BUCKETS,
         );
+        let engine_queue = h(
+            "tokentap.server.engine_queue_time",
+            "s",
+            "Time a request waited in the engine's scheduler, as the engine reports it (TGI x-queue-time)",
+            &TTFT_BUCKETS,
+        );
+        let prefill = h(
+            "tokentap.server.prefill_time",
+            "s",
+            "Prompt processing up to the first token, as the engine reports it (llama.cpp timings.prompt_ms, Ollama prompt_eval_duration)",
+            &TTFT_BUCKETS,
+        );
+        let decode = h(
+            "tokentap.server.decode_time",
+            "s",
+            "Generating the tokens after the first, as the engine reports it (llama.cpp timings.predicted_ms, Ollama eval_duration)",
+            &DURATION_BUCKETS,
+        );
+        let cached_input = meter
+            .u64_counter("tokentap.server.cached_input_tokens")
+            .with_unit("{token}")
+            .with_description("Input tokens the engine served from its prefix cache (usage.prompt_tokens_details.cached_tokens, llama.cpp timings.cache_n)")
+            .build();
         let chunk = h(
             "tokentap.server.time_per_output_chunk",
             "s",
@@ -221,6 +249,10 @@ impl RequestInstruments {
             duration,
             chunk,
             queue,
+            engine_queue,
+            prefill,
+            decode,
+            cached_input,
             tokens,
             requests,
             http,
@@ -241,6 +273,18 @@ impl RequestInstruments {
         }
         if let Some(v) = r.queue_s {
             self.queue.record(v, attrs);
+        }
+        for (h, v) in [
+            (&self.engine_queue, r.engine_queue_s),
+            (&self.prefill, r.prefill_s),
+            (&self.decode, r.decode_s),
+        ] {
+            if let Some(v) = v {
+                h.record(v, attrs);
+            }
+        }
+        if let Some(n) = r.cached_input_tokens {
+            self.cached_input.add(n, attrs);
         }
         for g in &f.chunk_gaps_s {
             self.chunk.record(*g, attrs);
