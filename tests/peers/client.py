@@ -45,6 +45,8 @@ keeps up.
   first_rx_own  false when the first content event's receive timestamp
               is a later segment's (see above): ttft_s is then an upper
               bound, not the event's arrival
+  timings     llama.cpp's own `timings` object from the stream's last chunk
+              (prompt_ms, predicted_ms, cache_n, …), as the SDK received it
   ttft_sdk_s  first content chunk as the SDK hands it over (after its SSE
               and JSON parsing and model construction) − t_send: what an
               application timing around the SDK would see
@@ -293,6 +295,7 @@ def run_one(client, a, i, endpoint, stream, usage, cancel):
     sdk_first = None
     first_own = None
     prompt_tokens = completion_tokens = None
+    timings = None
     s = call()
     t_send = _local.send_ns
     for chunk in s:
@@ -300,6 +303,10 @@ def run_one(client, a, i, endpoint, stream, usage, cancel):
         if getattr(chunk, "usage", None):
             prompt_tokens = chunk.usage.prompt_tokens
             completion_tokens = chunk.usage.completion_tokens
+        # llama.cpp's server adds its own `timings` to the last chunk.
+        extra = getattr(chunk, "model_extra", None) or {}
+        if extra.get("timings") is not None:
+            timings = extra["timings"]
         if content_of(endpoint, chunk):
             if sdk_first is None:
                 sdk_first = time.time_ns()
@@ -322,6 +329,7 @@ def run_one(client, a, i, endpoint, stream, usage, cancel):
         send_ns=t_send,
         first_rx_ns=times[0] if times else None,
         first_rx_own=first_own,
+        timings=timings,
     )
     return rec
 

@@ -138,7 +138,7 @@ fn selects_container_test(args: &[String]) -> bool {
 fn selects_peer_tests(args: &[String]) -> bool {
     // Test binaries that drive the real peers (llama.cpp, the openai SDK,
     // tritonclient's gRPC server and client, Hypercorn).
-    const PEER_TESTS: [&str; 4] = ["fidelity", "enginemetrics", "grpc", "tls"];
+    const PEER_TESTS: [&str; 5] = ["fidelity", "enginemetrics", "grpc", "tls", "stages"];
     args.is_empty()
         || args
             .iter()

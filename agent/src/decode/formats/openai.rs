@@ -538,12 +538,19 @@ mod tests {
         )
         .unwrap();
         assert_eq!(e.stages.cached_input_tokens, Some(16));
-        assert_eq!((e.stages.prefill_us, e.stages.source), (None, Some("openai_usage")));
+        assert_eq!(
+            (e.stages.prefill_us, e.stages.source),
+            (None, Some("openai_usage"))
+        );
         // Responses API.
         let e = interpret_responses(br#"{"type":"response.completed","response":{"model":"m","status":"completed","usage":{"input_tokens":5,"output_tokens":7,"input_tokens_details":{"cached_tokens":4}}}}"#).unwrap();
         assert_eq!(e.stages.cached_input_tokens, Some(4));
         // Nothing said, nothing reported.
-        let e = interpret_any(Format::OpenAiChat, br#"{"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2}}"#).unwrap();
+        let e = interpret_any(
+            Format::OpenAiChat,
+            br#"{"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2}}"#,
+        )
+        .unwrap();
         assert!(e.stages.is_empty());
     }
 

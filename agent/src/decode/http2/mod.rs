@@ -749,8 +749,7 @@ impl Http2Conn {
                     }
                     h.x.status = Some(s);
                     h.x.last_response_byte_ns = Some(b.ts);
-                    h.x
-                        .stages
+                    h.x.stages
                         .merge(&crate::decode::formats::tgi_header_stages(&|n| {
                             get_str(fields, n)
                         }));
