@@ -113,6 +113,11 @@ pub struct RequestRecord {
     pub model_load_s: Option<f64>,
     pub cached_input_tokens: Option<u64>,
     pub stages_source: Option<&'static str>,
+    /// The caller's W3C trace context (`traceparent`): its trace id and
+    /// span (the parent of the request's span). `null` without a valid
+    /// header.
+    pub trace_id: Option<String>,
+    pub parent_span_id: Option<String>,
     /// Time the request waited in the socket before the engine read its
     /// first byte (s): first read − arrival. Null when t0 is the read.
     pub queue_s: Option<f64>,

@@ -66,6 +66,8 @@ pub struct Exchange {
     tool_calls: bool,
     /// Where the time went, as the engine reported it.
     pub stages: crate::decode::formats::Stages,
+    /// The caller's trace context (`traceparent`).
+    pub trace: Option<crate::identity::trace::TraceParent>,
     first_content_ns: Option<u64>,
     first_reasoning_ns: Option<u64>,
     first_answer_ns: Option<u64>,
@@ -121,6 +123,7 @@ impl Exchange {
             tool_calls: false,
             first_content_ns: None,
             stages: crate::decode::formats::Stages::default(),
+            trace: None,
             first_reasoning_ns: None,
             first_answer_ns: None,
             last_content_ns: None,
@@ -353,6 +356,10 @@ impl Exchange {
             model_load_s: us_secs(self.stages.model_load_us),
             cached_input_tokens: self.stages.cached_input_tokens,
             stages_source: self.stages.source,
+            trace_id: self.trace.map(|t| crate::identity::trace::hex(&t.trace_id)),
+            parent_span_id: self
+                .trace
+                .map(|t| crate::identity::trace::hex(&t.parent_id)),
             protocol: Some(self.protocol),
             request_id: self.request_id,
             queue_s,

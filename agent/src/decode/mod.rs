@@ -85,6 +85,9 @@ pub struct DecodeStats {
     /// Arrival segments taken for retransmissions of bytes the socket
     /// already held (not counted in the arrival ledger).
     pub arrival_retransmissions: u64,
+    /// Requests whose `traceparent` header was malformed or all-zero
+    /// (ignored: they start a trace of their own).
+    pub invalid_traceparent: u64,
     /// Connections first seen by their data, without an accept or connect
     /// event: open before the agent started (or their open event lost).
     /// Their bytes are skipped until a request starts; whatever was in
@@ -253,8 +256,15 @@ impl Out<'_> {
 
     /// Gives a new exchange what its request's headers say about who
     /// sent it, and the request-type rules.
-    pub fn identify(&self, x: &mut exchange::Exchange, id: http1::head::HeadIdentity) {
+    pub fn identify(&mut self, x: &mut exchange::Exchange, id: http1::head::HeadIdentity) {
         x.self_request = self.is_self(id.self_marker.as_deref());
+        match id.trace {
+            Some(crate::identity::trace::TraceHeader::Valid(tp)) => x.trace = Some(tp),
+            Some(crate::identity::trace::TraceHeader::Invalid) => {
+                self.stats.invalid_traceparent += 1;
+            }
+            None => {}
+        }
         x.tenant_header = id.tenant;
         x.api_key_id = id.api_key_id;
         x.rule_headers = id.rule_headers;
@@ -1169,6 +1179,40 @@ mod tests {
             ),
             (1, 1, 1)
         );
+    }
+
+    #[test]
+    fn a_requests_traceparent_is_on_its_record_and_a_bad_one_is_counted() {
+        let req = |tp: &str| {
+            format!(
+                "POST /v1/completions HTTP/1.1\r\ntraceparent: {tp}\r\nContent-Length: 25\r\n\r\n{{\"model\":\"m\",\"prompt\":\"\"}}"
+            )
+        };
+        let (d, out) = run(&[
+            open(Role::Server),
+            data(
+                1,
+                Dir::In,
+                req("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01").as_bytes(),
+            ),
+            data(2, Dir::Out, RESPONSE),
+            data(
+                3,
+                Dir::In,
+                req("00-00000000000000000000000000000000-00f067aa0ba902b7-01").as_bytes(),
+            ),
+            data(4, Dir::Out, RESPONSE),
+            close(5),
+        ]);
+        assert_eq!(out.len(), 2, "{out:#?}");
+        let r = &out[0].record;
+        assert_eq!(
+            r.trace_id.as_deref(),
+            Some("4bf92f3577b34da6a3ce929d0e0e4736")
+        );
+        assert_eq!(r.parent_span_id.as_deref(), Some("00f067aa0ba902b7"));
+        assert_eq!(out[1].record.trace_id, None);
+        assert_eq!(d.stats.invalid_traceparent, 1);
     }
 
     /// An h2c prior-knowledge conversation: preface + SETTINGS, the

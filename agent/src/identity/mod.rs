@@ -11,3 +11,4 @@
 pub mod caller;
 pub mod model_version;
 pub mod request_type;
+pub mod trace;

@@ -59,6 +59,8 @@ pub struct HeadIdentity {
     pub rule_headers: Vec<(String, String)>,
     /// The `x-request-id` header (bounded).
     pub request_id: Option<String>,
+    /// The W3C `traceparent` header, when present.
+    pub trace: Option<crate::identity::trace::TraceHeader>,
 }
 
 impl HeadIdentity {
@@ -83,6 +85,7 @@ impl HeadIdentity {
                 .filter_map(|n| get(n).and_then(bounded_value).map(|v| (n.clone(), v)))
                 .collect(),
             request_id: get("x-request-id").and_then(bounded_value),
+            trace: get("traceparent").map(crate::identity::trace::parse),
         }
     }
 }
