@@ -16,6 +16,10 @@ use opentelemetry_proto::tonic::{
         metrics_service_server::{MetricsService, MetricsServiceServer},
         ExportMetricsServiceRequest, ExportMetricsServiceResponse,
     },
+    collector::trace::v1::{
+        trace_service_server::{TraceService, TraceServiceServer},
+        ExportTraceServiceRequest, ExportTraceServiceResponse,
+    },
     metrics::v1::{metric::Data, number_data_point::Value as Num, Metric},
 };
 
@@ -166,6 +170,45 @@ pub fn start_receiver_with_logs(rt: &tokio::runtime::Runtime, port: u16) -> (Sin
     start_grpc(rt, port, None, Gate::default(), false)
 }
 
+/// OTLP/gRPC spans received (every receiver takes them; this one keeps
+/// them).
+#[derive(Clone, Default)]
+pub struct TraceSink(pub Arc<Mutex<Vec<ExportTraceServiceRequest>>>);
+
+#[tonic::async_trait]
+impl TraceService for TraceSink {
+    async fn export(
+        &self,
+        req: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        self.0.lock().unwrap().push(req.into_inner());
+        Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
+    }
+}
+
+impl TraceSink {
+    /// Every span received.
+    pub fn spans(&self) -> Vec<opentelemetry_proto::tonic::trace::v1::Span> {
+        let mut out = vec![];
+        for e in self.0.lock().unwrap().iter() {
+            for rs in &e.resource_spans {
+                for ss in &rs.scope_spans {
+                    out.extend(ss.spans.iter().cloned());
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Like [`start_receiver_with_logs`], also keeping the spans.
+pub fn start_receiver_with_traces(
+    rt: &tokio::runtime::Runtime,
+    port: u16,
+) -> (Sink, LogSink, TraceSink, u16) {
+    start_grpc_all(rt, port, None, Gate::default(), false)
+}
+
 /// A test certificate authority and a server certificate it signed for
 /// `127.0.0.1` (and `localhost`): what a collector behind TLS with a
 /// cluster's own CA looks like.
@@ -246,8 +289,21 @@ fn start_grpc(
     gate: Gate,
     mtls: bool,
 ) -> (Sink, LogSink, u16) {
+    let (sink, logs, _, port) = start_grpc_all(rt, port, tls, gate, mtls);
+    (sink, logs, port)
+}
+
+fn start_grpc_all(
+    rt: &tokio::runtime::Runtime,
+    port: u16,
+    tls: Option<&TestCa>,
+    gate: Gate,
+    mtls: bool,
+) -> (Sink, LogSink, TraceSink, u16) {
     let sink = Sink(Arc::default(), gate);
     let logs = LogSink::default();
+    let traces = TraceSink::default();
+    let tsvc = traces.clone();
     let listener = rt
         .block_on(tokio::net::TcpListener::bind(("127.0.0.1", port)))
         .unwrap();
@@ -271,10 +327,11 @@ fn start_grpc(
                     .accept_compressed(tonic::codec::CompressionEncoding::Gzip),
             )
             .add_service(LogsServiceServer::new(lsvc))
+            .add_service(TraceServiceServer::new(tsvc))
             .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener))
             .await
     });
-    (sink, logs, port)
+    (sink, logs, traces, port)
 }
 
 /// Data-point counts of histogram `name` in the last export that has it,

@@ -345,6 +345,7 @@ mod tests {
             "--nvml-library=n",
             "--kube-node=k",
             "--health-addr=1.2.3.4:5",
+            "--traces-slow-ttft=2",
         ];
         let mut v = vec!["tokentap", "run"];
         v.extend_from_slice(&set);

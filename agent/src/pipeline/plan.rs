@@ -124,6 +124,20 @@ pub struct RunFlags {
     /// conventions' explicit buckets.
     #[arg(long)]
     pub exponential_histograms: bool,
+    /// Share of LLM requests exported as OTLP trace spans (one SERVER span
+    /// per request, joining the caller's trace when the request carries a
+    /// W3C `traceparent`), 0 to 1. Requests that failed, and those slower
+    /// to their first token than --traces-slow-ttft, are always exported.
+    /// Spans go to the same collector as metrics
+    /// (`OTEL_EXPORTER_OTLP_TRACES_*` honoured).
+    #[arg(long, value_name = "RATIO", default_value_t = 1.0, value_parser = ratio)]
+    #[serde(deserialize_with = "checked::ratio")]
+    pub traces_sample: f64,
+    /// Always export the span of a request whose TTFT exceeds this many
+    /// seconds, whatever --traces-sample says.
+    #[arg(long, value_name = "SECS", value_parser = secs_at_least_zero)]
+    #[serde(deserialize_with = "checked::some_duration")]
+    pub traces_slow_ttft: Option<f64>,
     /// Distinct model names used as metric attribute values; later ones
     /// are exported as "other" (cardinality cap; the overflow is counted in
     /// tokentap.metrics.attribute_overflow).
@@ -209,6 +223,18 @@ fn secs_at_least(s: &str, min: f64) -> Result<f64, String> {
         return Err(format!("want a number of seconds ≥ {min}"));
     }
     Ok(v)
+}
+
+/// A share, 0 to 1.
+fn ratio(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .parse()
+        .map_err(|e| format!("{e} (want a number from 0 to 1)"))?;
+    if (0.0..=1.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!("{v} is not in 0..=1"))
+    }
 }
 
 /// Intervals: at least 0.1 s (a faster pace only costs).
@@ -316,6 +342,11 @@ mod checked {
 
     pub fn interval<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
         secs(d, 0.1)
+    }
+
+    pub fn ratio<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+        let v = f64::deserialize(d)?;
+        super::ratio(&v.to_string()).map_err(D::Error::custom)
     }
 
     pub fn some_interval<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
@@ -601,6 +632,8 @@ pub fn resolve(f: &RunFlags, env: &dyn Env) -> Result<RunPlan> {
                 exponential: f.exponential_histograms,
                 max_models: f.max_models,
                 max_tenants: f.max_tenants,
+                traces_sample: f.traces_sample,
+                traces_slow_ttft: f.traces_slow_ttft,
             })
         })
         .transpose()?;

@@ -30,6 +30,7 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 pub enum Signal {
     Metrics,
     Logs,
+    Traces,
 }
 
 impl Signal {
@@ -37,12 +38,14 @@ impl Signal {
         match self {
             Signal::Metrics => "METRICS",
             Signal::Logs => "LOGS",
+            Signal::Traces => "TRACES",
         }
     }
     fn path(self) -> &'static str {
         match self {
             Signal::Metrics => "/v1/metrics",
             Signal::Logs => "/v1/logs",
+            Signal::Traces => "/v1/traces",
         }
     }
 }
@@ -470,6 +473,26 @@ impl Collector {
     }
 }
 
+impl Collector {
+    /// The span exporter (request spans), as [`Self::metric_exporter`].
+    pub fn span_exporter(&self) -> Result<(opentelemetry_otlp::SpanExporter, Option<LastCause>)> {
+        use opentelemetry_otlp::SpanExporter as E;
+        Ok(match self.protocol {
+            OtlpProtocol::Grpc => (
+                self.tonic_settings(E::builder().with_tonic())
+                    .build()
+                    .context("building the OTLP/gRPC span exporter")?,
+                None,
+            ),
+            OtlpProtocol::HttpProtobuf => {
+                let (b, cause) = self.http_settings(E::builder().with_http())?;
+                let e = b.build().context("building the OTLP/HTTP span exporter")?;
+                (e, Some(cause))
+            }
+        })
+    }
+}
+
 /// A header value marked sensitive (kept out of `Debug` output).
 fn sensitive(v: &str) -> http::HeaderValue {
     let mut h = http::HeaderValue::from_str(v).expect("checked by parse_headers");
@@ -578,6 +601,8 @@ mod tests {
             exponential: false,
             max_models: 64,
             max_tenants: 100,
+            traces_sample: 1.0,
+            traces_slow_ttft: None,
         }
     }
 

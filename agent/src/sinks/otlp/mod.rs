@@ -13,6 +13,7 @@
 
 pub mod events;
 pub mod exporter;
+pub mod traces;
 
 use std::{
     collections::{HashMap, HashSet},
@@ -96,6 +97,11 @@ pub struct MetricsConfig {
     /// Distinct tenants, and separately distinct callers, kept as attribute
     /// values; the rest are "other".
     pub max_tenants: usize,
+    /// Share of requests exported as spans (`--traces-sample`).
+    pub traces_sample: f64,
+    /// Spans of requests slower than this to their first token are always
+    /// exported (`--traces-slow-ttft`).
+    pub traces_slow_ttft: Option<f64>,
 }
 
 /// Wraps the OTLP exporter to count failures and report them once per
@@ -328,6 +334,9 @@ pub struct Metrics {
     /// The events as OTLP log records.
     /// None: the collector was named for metrics only.
     event_export: Option<crate::sinks::otlp::events::EventExport>,
+    /// One span per LLM request. None: the collector was named for metrics
+    /// only.
+    trace_export: Option<crate::sinks::otlp::traces::TraceExport>,
 }
 
 /// An attribute with unbounded values (model names, tenants, callers): the
@@ -907,9 +916,28 @@ impl Metrics {
                 health.clone(),
             )?)
         };
+        let traces = crate::sinks::otlp::exporter::Collector::resolve(
+            cfg,
+            crate::sinks::otlp::exporter::Signal::Traces,
+            &env,
+        )?;
+        let trace_export = if traces.url.is_none() && collector.url.is_some() {
+            eprintln!(
+                "tokentap: request spans are not exported over OTLP: the collector is named for metrics only (OTEL_EXPORTER_OTLP_METRICS_ENDPOINT); set OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT for them"
+            );
+            None
+        } else {
+            Some(crate::sinks::otlp::traces::TraceExport::new(
+                &traces,
+                health.clone(),
+                cfg.traces_sample,
+                cfg.traces_slow_ttft,
+            )?)
+        };
         Ok(Self {
             events,
             event_export,
+            trace_export,
             _feature_instruments: feature_instruments,
             engine_names,
             provider,
@@ -937,6 +965,9 @@ impl Metrics {
         }
         let attrs = self.attrs.of(r);
         self.instruments_for(r).record(f, &attrs);
+        if let Some(t) = &self.trace_export {
+            t.record(f);
+        }
     }
 
     /// A request that is not an LLM request: `tokentap.http.requests` with
@@ -1040,6 +1071,9 @@ impl Metrics {
 
     pub fn shutdown(self) {
         if let Some(x) = &self.event_export {
+            x.shutdown();
+        }
+        if let Some(x) = &self.trace_export {
             x.shutdown();
         }
         for p in std::iter::once(&self.provider).chain(self.containers.values().map(|(p, _)| p)) {

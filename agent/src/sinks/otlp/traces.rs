@@ -1,0 +1,323 @@
+//! One OTLP span per LLM request, to the collector the metrics go to (same
+//! endpoint, TLS and headers rules; `/v1/traces` over HTTP;
+//! `OTEL_EXPORTER_OTLP_TRACES_*` honoured).
+//!
+//! The span: kind SERVER, named `{gen_ai.operation.name} {gen_ai.request.model}`,
+//! from t0 (the request's arrival, else its read) to the last byte written,
+//! with the GenAI conventions' attributes and tokentap's identity. Events
+//! carry their true times: `gen_ai.first_token` at t0 + TTFT (and
+//! `gen_ai.first_reasoning_token` when reasoning came first),
+//! `tokentap.request.read` at t0 + `queue_s` (the engine read it). The
+//! engine's own stages (`prefill_s`, …) are durations without a clock of
+//! their own, so they are attributes, not events.
+//!
+//! Parent: the request's W3C `traceparent`, when valid, so the span joins
+//! the caller's trace; otherwise a trace of its own. Sampling happens here,
+//! after the request ended: a share (`--traces-sample`) by trace id (every
+//! agent keeps the same traces), and always the failed ones and those
+//! slower to their first token than `--traces-slow-ttft`.
+
+use std::{
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use anyhow::Result;
+use opentelemetry::{
+    trace::{
+        Span as _, SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId,
+        TraceState, Tracer as _, TracerProvider as _,
+    },
+    Context, KeyValue,
+};
+use opentelemetry_sdk::{
+    error::OTelSdkResult,
+    trace::{Sampler, SdkTracer, SdkTracerProvider, SpanData, SpanExporter},
+    Resource,
+};
+
+use crate::record::Finished;
+use crate::stage::health::Health;
+
+/// The span exporter, with failures counted in `tokentap.export.failures`
+/// and said once per outage.
+#[derive(Debug)]
+struct Counted<E> {
+    inner: E,
+    health: Arc<Health>,
+    failing: AtomicBool,
+    cause: Option<crate::sinks::otlp::exporter::LastCause>,
+}
+
+impl<E: SpanExporter> SpanExporter for Counted<E> {
+    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+        let r = self.inner.export(batch).await;
+        match &r {
+            Ok(()) => {
+                if self.failing.swap(false, Ordering::Relaxed) {
+                    eprintln!("tokentap: OTLP export of request spans works again");
+                }
+            }
+            Err(e) => {
+                self.health.export_failures.fetch_add(1, Ordering::Relaxed);
+                if !self.failing.swap(true, Ordering::Relaxed) {
+                    eprintln!(
+                        "tokentap: OTLP export of request spans failed ({}); does the Collector have a traces pipeline? The request log and metrics have every request",
+                        crate::sinks::otlp::exporter::failure_text(e, self.cause.as_ref())
+                    );
+                }
+            }
+        }
+        r
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.inner.set_resource(resource);
+    }
+}
+
+pub struct TraceExport {
+    provider: SdkTracerProvider,
+    tracer: SdkTracer,
+    sample: f64,
+    slow_ttft: Option<f64>,
+}
+
+/// Whether a request's span is kept: failures and slow first tokens
+/// always; the rest when the trace id falls in the sampled share (its low
+/// 8 bytes as a fraction of 2^64, as the W3C random trace id flag
+/// intends: every agent decides the same for one trace).
+pub fn keep(
+    trace_id: [u8; 16],
+    error: bool,
+    ttft_s: Option<f64>,
+    sample: f64,
+    slow_ttft: Option<f64>,
+) -> bool {
+    if error || matches!((ttft_s, slow_ttft), (Some(t), Some(s)) if t > s) {
+        return true;
+    }
+    if sample >= 1.0 {
+        return true;
+    }
+    let low = u64::from_be_bytes(trace_id[8..].try_into().unwrap_or([0; 8]));
+    (low as f64) < sample * (u64::MAX as f64)
+}
+
+/// A fresh random id (a trace's without a parent, for `keep`).
+fn random_bytes<const N: usize>() -> [u8; N] {
+    let mut b = [0u8; N];
+    // SAFETY: writes at most `N` bytes into `b`.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), N, 0) };
+    if n != N as isize {
+        // Never fails for a few bytes on Linux ≥ 3.17; fall back to time.
+        let t = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos()
+            .to_le_bytes();
+        for (i, x) in b.iter_mut().enumerate() {
+            *x = t[i % t.len()] ^ (i as u8);
+        }
+    }
+    b
+}
+
+fn at(ns: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_nanos(ns)
+}
+
+fn after(t0: SystemTime, s: f64) -> SystemTime {
+    t0 + Duration::from_secs_f64(s.max(0.0))
+}
+
+impl TraceExport {
+    /// Needs a tokio runtime for gRPC (like the metrics exporter).
+    pub fn new(
+        collector: &crate::sinks::otlp::exporter::Collector,
+        health: Arc<Health>,
+        sample: f64,
+        slow_ttft: Option<f64>,
+    ) -> Result<Self> {
+        let (exporter, cause) = collector.span_exporter()?;
+        let provider = SdkTracerProvider::builder()
+            .with_resource(crate::sinks::otlp::agent_resource(&[]))
+            // Sampled here, after the request ended (`keep`).
+            .with_sampler(Sampler::AlwaysOn)
+            .with_batch_exporter(Counted {
+                inner: exporter,
+                health,
+                failing: AtomicBool::new(false),
+                cause,
+            })
+            .build();
+        let tracer = provider.tracer("tokentap");
+        Ok(Self {
+            provider,
+            tracer,
+            sample,
+            slow_ttft,
+        })
+    }
+
+    pub fn record(&self, f: &Finished) {
+        let r = &f.record;
+        let parent = r
+            .trace_id
+            .as_deref()
+            .zip(r.parent_span_id.as_deref())
+            .and_then(|(t, s)| Some((TraceId::from_hex(t).ok()?, SpanId::from_hex(s).ok()?)));
+        let trace_id = parent
+            .map(|(t, _)| t.to_bytes())
+            .unwrap_or_else(random_bytes::<16>);
+        if !keep(
+            trace_id,
+            r.error_type.is_some(),
+            r.ttft_s,
+            self.sample,
+            self.slow_ttft,
+        ) {
+            return;
+        }
+        let cx = match parent {
+            Some((t, s)) => Context::new().with_remote_span_context(SpanContext::new(
+                t,
+                s,
+                TraceFlags::SAMPLED,
+                true,
+                TraceState::default(),
+            )),
+            None => Context::new(),
+        };
+        let op = r.operation.unwrap_or("request");
+        let model = r
+            .request_model
+            .as_deref()
+            .or(r.response_model.as_deref())
+            .unwrap_or("unknown");
+        let t0 = at(r.t0_ns);
+        // Without a parent the SDK draws the trace id (as random as the one
+        // `keep` was asked about).
+        let mut span = self
+            .tracer
+            .span_builder(format!("{op} {model}"))
+            .with_kind(SpanKind::Server)
+            .with_start_time(t0)
+            .with_attributes(attributes(f))
+            .start_with_context(&self.tracer, &cx);
+        if let Some(q) = r.queue_s {
+            span.add_event_with_timestamp("tokentap.request.read", after(t0, q), vec![]);
+        }
+        if let Some(t) = r.ttft_reasoning_s {
+            span.add_event_with_timestamp("gen_ai.first_reasoning_token", after(t0, t), vec![]);
+        }
+        if let Some(t) = r.ttft_s {
+            span.add_event_with_timestamp("gen_ai.first_token", after(t0, t), vec![]);
+        }
+        if let Some(e) = &r.error_type {
+            span.set_status(Status::error(e.as_str().to_string()));
+        }
+        span.end_with_timestamp(after(t0, r.duration_s.unwrap_or(0.0)));
+    }
+
+    /// Exports what is queued (blocking; call off the async workers).
+    pub fn shutdown(&self) {
+        if let Err(e) = self.provider.shutdown() {
+            eprintln!("tokentap: final OTLP export of request spans did not complete: {e}");
+        }
+    }
+}
+
+/// The GenAI conventions' attributes and tokentap's identity.
+fn attributes(f: &Finished) -> Vec<KeyValue> {
+    let r = &f.record;
+    let mut a = Vec::with_capacity(24);
+    let mut s = |k: &'static str, v: Option<&str>| {
+        if let Some(v) = v {
+            a.push(KeyValue::new(k, v.to_string()));
+        }
+    };
+    s("gen_ai.operation.name", r.operation);
+    s("gen_ai.provider.name", r.provider.as_deref());
+    s("gen_ai.request.model", r.request_model.as_deref());
+    s("gen_ai.response.model", r.response_model.as_deref());
+    s("client.address", r.caller.as_deref());
+    s("tokentap.model.version", r.model_version.as_deref());
+    s("tokentap.tenant", r.tenant.as_deref());
+    s("tokentap.request.type", r.request_type.as_deref());
+    s("tokentap.request.id", r.request_id.as_deref());
+    s("container.id", r.container_id.as_deref());
+    s("k8s.pod.name", r.k8s_pod_name.as_deref());
+    s("k8s.namespace.name", r.k8s_namespace.as_deref());
+    s("tokentap.stages.source", r.stages_source);
+    if let Some(e) = &r.error_type {
+        a.push(KeyValue::new("error.type", e.as_str().to_string()));
+    }
+    if let Some(f) = &r.finish_reason {
+        a.push(KeyValue::new(
+            "gen_ai.response.finish_reasons",
+            opentelemetry::Value::Array(vec![opentelemetry::StringValue::from(f.clone())].into()),
+        ));
+    }
+    for (k, v) in [
+        ("gen_ai.usage.input_tokens", r.input_tokens),
+        ("gen_ai.usage.output_tokens", r.output_tokens),
+        ("tokentap.cached_input_tokens", r.cached_input_tokens),
+    ] {
+        if let Some(v) = v {
+            a.push(KeyValue::new(k, v as i64));
+        }
+    }
+    if let Some(p) = r.server_port {
+        a.push(KeyValue::new("server.port", p as i64));
+    }
+    a.push(KeyValue::new("tokentap.stream", r.stream));
+    for (k, v) in [
+        ("gen_ai.server.time_to_first_token", r.ttft_s),
+        ("tokentap.queue_s", r.queue_s),
+        ("tokentap.engine_queue_s", r.engine_queue_s),
+        ("tokentap.prefill_s", r.prefill_s),
+        ("tokentap.decode_s", r.decode_s),
+    ] {
+        if let Some(v) = v {
+            a.push(KeyValue::new(k, v));
+        }
+    }
+    a
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failures_and_slow_first_tokens_are_always_kept() {
+        let id = [0xff; 16];
+        assert!(!keep(id, false, Some(0.1), 0.0, None));
+        assert!(keep(id, true, None, 0.0, None), "an error");
+        assert!(keep(id, false, Some(2.5), 0.0, Some(2.0)), "slow");
+        assert!(!keep(id, false, Some(1.5), 0.0, Some(2.0)));
+        assert!(keep(id, false, None, 1.0, None), "everything at 1.0");
+    }
+
+    #[test]
+    fn the_share_kept_follows_the_trace_id() {
+        let mut low = [0u8; 16];
+        low[15] = 1;
+        assert!(keep(low, false, None, 0.5, None));
+        let high = [0xff; 16];
+        assert!(!keep(high, false, None, 0.5, None));
+        // About the share over many random ids.
+        let kept = (0..2000)
+            .filter(|_| keep(random_bytes::<16>(), false, None, 0.25, None))
+            .count();
+        assert!((350..=650).contains(&kept), "{kept} of 2000 at 0.25");
+    }
+}
