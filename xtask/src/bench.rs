@@ -19,17 +19,20 @@ use crate::util::root;
 
 pub fn run(which: &str, secs: f64, rounds: usize) -> Result<()> {
     let parts: &[&str] = match which {
-        "all" => &["decode", "gpu", "capture", "conns", "engine", "tls"],
+        "all" => &[
+            "decode", "gpu", "capture", "conns", "engine", "tls", "traces",
+        ],
         "gpu" => &["gpu"],
         "capture" => &["capture"],
         "decode" => &["decode"],
         "conns" => &["conns"],
         "engine" => &["engine"],
         "tls" => &["tls"],
+        "traces" => &["traces"],
         "soak" => &["soak"],
         other => {
             bail!(
-                "unknown bench {other:?}; available: all, capture, decode, gpu, conns, engine, tls, soak"
+                "unknown bench {other:?}; available: all, capture, decode, gpu, conns, engine, tls, traces, soak"
             )
         }
     };
@@ -38,7 +41,10 @@ pub fn run(which: &str, secs: f64, rounds: usize) -> Result<()> {
     if root_needed && unsafe { libc::geteuid() } != 0 {
         bail!("this bench loads eBPF: run it as root (`bench decode` does not need root)");
     }
-    if parts.contains(&"engine") || parts.contains(&"tls") {
+    if parts
+        .iter()
+        .any(|p| matches!(*p, "engine" | "tls" | "traces"))
+    {
         crate::peers()?;
     }
     crate::build(crate::Profile::Dist)?;
@@ -51,6 +57,7 @@ pub fn run(which: &str, secs: f64, rounds: usize) -> Result<()> {
             "conns" => conns(10_000)?,
             "soak" => crate::soak::soak(secs)?,
             "tls" => tls(rounds)?,
+            "traces" => crate::tracebench::traces(secs, rounds)?,
             _ => engine(rounds)?,
         });
     }
@@ -435,7 +442,7 @@ pub(crate) fn proc_rss_kib(pid: u32) -> (f64, f64) {
 }
 
 /// utime+stime of a process, in seconds.
-fn proc_cpu_s(pid: u32) -> f64 {
+pub(crate) fn proc_cpu_s(pid: u32) -> f64 {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
         return 0.0;
     };

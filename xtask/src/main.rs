@@ -10,6 +10,7 @@ mod fuzz;
 mod soak;
 mod testrun;
 mod toolchain;
+mod tracebench;
 mod util;
 
 use std::process::ExitCode;
@@ -101,7 +102,7 @@ enum Cmd {
     },
     /// Run benchmarks and print one table (also written to
     /// target/bench-WHICH.md): `all` (default), `decode`, `capture`,
-    /// `conns`, `engine`, `tls`.
+    /// `conns`, `engine`, `tls`, `traces`.
     Bench {
         /// all; decode (decoder throughput); capture (kernel capture
         /// overhead on a write-heavy SSE server, drops, agent CPU/RSS;
@@ -110,7 +111,8 @@ enum Cmd {
         /// TTFT/TPOT vs the client; root, installs the peers); tls (an
         /// HTTPS SSE writer on OpenSSL: cost per SSL_write traced vs not,
         /// max rate, cost to a process the agent does not target; root,
-        /// installs the peers); soak (not in
+        /// installs the peers); traces (agent CPU per 1k requests with a
+        /// span each vs none; root, installs the peers); soak (not in
         /// all: `--secs 300` or more of chats from thousands of end users
         /// and API keys: events log ceiling, named callers, the agent's RSS
         /// curve; root).

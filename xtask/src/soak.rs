@@ -256,7 +256,7 @@ pub fn soak(secs: f64) -> Result<Vec<Row>> {
 }
 
 /// One streamed chat of user `i`, read to its end.
-fn chat(c: &mut TcpStream, i: u64) -> std::io::Result<()> {
+pub(crate) fn chat(c: &mut TcpStream, i: u64) -> std::io::Result<()> {
     c.set_read_timeout(Some(Duration::from_secs(10)))?;
     let body = format!(
         r#"{{"model":"soak","stream":true,"user":"user-{}","messages":[{{"role":"user","content":"hi"}}],"sim":{{"id":{i},"ttft_ms":2,"gap_ms":1,"tokens":3}}}}"#,
@@ -281,7 +281,7 @@ fn chat(c: &mut TcpStream, i: u64) -> std::io::Result<()> {
 }
 
 /// Lines of the agent's stderr (its ready line), the rest echoed.
-fn lines_of(err: std::process::ChildStderr) -> std::sync::mpsc::Receiver<String> {
+pub(crate) fn lines_of(err: std::process::ChildStderr) -> std::sync::mpsc::Receiver<String> {
     use std::io::BufRead;
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
