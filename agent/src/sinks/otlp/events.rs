@@ -7,10 +7,7 @@
 //! keeps.
 
 use std::{
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc,
-    },
+    sync::Arc,
     time::{Duration, UNIX_EPOCH},
 };
 
@@ -36,31 +33,13 @@ use crate::stage::health::Health;
 #[derive(Debug)]
 struct Counted<E> {
     inner: E,
-    health: Arc<Health>,
-    failing: AtomicBool,
-    /// The HTTP client's last failure (OTLP/HTTP only).
-    cause: Option<crate::sinks::otlp::exporter::LastCause>,
+    report: crate::sinks::otlp::exporter::FailureReport,
 }
 
 impl<E: LogExporter> LogExporter for Counted<E> {
     async fn export(&self, batch: LogBatch<'_>) -> OTelSdkResult {
         let r = self.inner.export(batch).await;
-        match &r {
-            Ok(()) => {
-                if self.failing.swap(false, Ordering::Relaxed) {
-                    eprintln!("tokentap: OTLP export of timeline events works again");
-                }
-            }
-            Err(e) => {
-                self.health.export_failures.fetch_add(1, Ordering::Relaxed);
-                if !self.failing.swap(true, Ordering::Relaxed) {
-                    eprintln!(
-                        "tokentap: OTLP export of timeline events failed ({}); does the Collector have a logs pipeline? Events are still counted in tokentap.events and written to --events-log",
-                        crate::sinks::otlp::exporter::failure_text(e, self.cause.as_ref())
-                    );
-                }
-            }
-        }
+        self.report.after(&r);
         r
     }
 
@@ -102,9 +81,13 @@ impl EventExport {
             .with_resource(crate::sinks::otlp::agent_resource(&[]))
             .with_batch_exporter(Counted {
                 inner: exporter,
-                health,
-                failing: AtomicBool::new(false),
-                cause,
+                report: crate::sinks::otlp::exporter::FailureReport::new(
+                    health,
+                    cause,
+                    "of timeline events".into(),
+                    "does the Collector have a logs pipeline? Events are still counted in tokentap.events and written to --events-log",
+                    true,
+                ),
             })
             .build();
         let logger = provider.logger("tokentap");

@@ -493,6 +493,66 @@ impl Collector {
     }
 }
 
+/// One exporter's failures: counted in `tokentap.export.failures` and
+/// said on stderr — every failure, or (`once`) only the first of an
+/// outage — and a recovery said once. Shared by the metric, log and span
+/// exporters' wrappers.
+#[derive(Debug)]
+pub struct FailureReport {
+    health: Arc<crate::stage::health::Health>,
+    failing: std::sync::atomic::AtomicBool,
+    /// The HTTP client's last failure (OTLP/HTTP only).
+    cause: Option<LastCause>,
+    /// What failed: "to HOST:PORT", "of timeline events", ….
+    what: String,
+    /// What to know about it, after the cause.
+    hint: &'static str,
+    once: bool,
+}
+
+impl FailureReport {
+    pub fn new(
+        health: Arc<crate::stage::health::Health>,
+        cause: Option<LastCause>,
+        what: String,
+        hint: &'static str,
+        once: bool,
+    ) -> Self {
+        FailureReport {
+            health,
+            failing: std::sync::atomic::AtomicBool::new(false),
+            cause,
+            what,
+            hint,
+            once,
+        }
+    }
+
+    /// Accounts for one export's result.
+    pub fn after(&self, r: &opentelemetry_sdk::error::OTelSdkResult) {
+        use std::sync::atomic::Ordering::Relaxed;
+        match r {
+            Ok(()) => {
+                if self.failing.swap(false, Relaxed) {
+                    eprintln!("tokentap: OTLP export {} works again", self.what);
+                }
+            }
+            Err(e) => {
+                self.health.export_failures.fetch_add(1, Relaxed);
+                let was = self.failing.swap(true, Relaxed);
+                if !(self.once && was) {
+                    eprintln!(
+                        "tokentap: OTLP export {} failed ({}); {}",
+                        self.what,
+                        failure_text(e, self.cause.as_ref()),
+                        self.hint
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// A header value marked sensitive (kept out of `Debug` output).
 fn sensitive(v: &str) -> http::HeaderValue {
     let mut h = http::HeaderValue::from_str(v).expect("checked by parse_headers");

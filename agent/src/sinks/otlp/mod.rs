@@ -17,10 +17,7 @@ pub mod traces;
 
 use std::{
     collections::{HashMap, HashSet},
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc,
-    },
+    sync::{atomic::Ordering, Arc},
     time::Duration,
 };
 
@@ -108,32 +105,13 @@ pub struct MetricsConfig {
 /// export interval (never per record), and to say when exports recover.
 struct Counted<E> {
     inner: E,
-    health: Arc<Health>,
-    failing: AtomicBool,
-    target: String,
-    /// The HTTP client's last failure (OTLP/HTTP only).
-    cause: Option<crate::sinks::otlp::exporter::LastCause>,
+    report: crate::sinks::otlp::exporter::FailureReport,
 }
 
 impl<E: PushMetricExporter> PushMetricExporter for Counted<E> {
     async fn export(&self, metrics: &ResourceMetrics) -> OTelSdkResult {
         let r = self.inner.export(metrics).await;
-        match &r {
-            Ok(()) => {
-                if self.failing.swap(false, Ordering::Relaxed) {
-                    eprintln!("tokentap: OTLP export to {} works again", self.target);
-                }
-            }
-            Err(e) => {
-                self.health.export_failures.fetch_add(1, Ordering::Relaxed);
-                self.failing.store(true, Ordering::Relaxed);
-                eprintln!(
-                    "tokentap: OTLP export to {} failed ({}); capture goes on, the next interval retries",
-                    self.target,
-                    crate::sinks::otlp::exporter::failure_text(e, self.cause.as_ref())
-                );
-            }
-        }
+        self.report.after(&r);
         r
     }
 
@@ -598,10 +576,13 @@ fn build_provider(
     let (exporter, cause) = collector.metric_exporter()?;
     let counted = Counted {
         inner: exporter,
-        health: health.clone(),
-        failing: AtomicBool::new(false),
-        target: collector.target(),
-        cause,
+        report: crate::sinks::otlp::exporter::FailureReport::new(
+            health.clone(),
+            cause,
+            format!("to {}", collector.target()),
+            "capture goes on, the next interval retries",
+            false,
+        ),
     };
     let reader = PeriodicReader::builder(counted)
         .with_interval(cfg.interval)

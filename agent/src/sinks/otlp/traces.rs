@@ -18,10 +18,7 @@
 //! slower to their first token than `--traces-slow-ttft`.
 
 use std::{
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc,
-    },
+    sync::Arc,
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
@@ -47,30 +44,13 @@ use crate::stage::health::Health;
 #[derive(Debug)]
 struct Counted<E> {
     inner: E,
-    health: Arc<Health>,
-    failing: AtomicBool,
-    cause: Option<crate::sinks::otlp::exporter::LastCause>,
+    report: crate::sinks::otlp::exporter::FailureReport,
 }
 
 impl<E: SpanExporter> SpanExporter for Counted<E> {
     async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
         let r = self.inner.export(batch).await;
-        match &r {
-            Ok(()) => {
-                if self.failing.swap(false, Ordering::Relaxed) {
-                    eprintln!("tokentap: OTLP export of request spans works again");
-                }
-            }
-            Err(e) => {
-                self.health.export_failures.fetch_add(1, Ordering::Relaxed);
-                if !self.failing.swap(true, Ordering::Relaxed) {
-                    eprintln!(
-                        "tokentap: OTLP export of request spans failed ({}); does the Collector have a traces pipeline? The request log and metrics have every request",
-                        crate::sinks::otlp::exporter::failure_text(e, self.cause.as_ref())
-                    );
-                }
-            }
-        }
+        self.report.after(&r);
         r
     }
 
@@ -153,9 +133,13 @@ impl TraceExport {
             .with_sampler(Sampler::AlwaysOn)
             .with_batch_exporter(Counted {
                 inner: exporter,
-                health,
-                failing: AtomicBool::new(false),
-                cause,
+                report: crate::sinks::otlp::exporter::FailureReport::new(
+                    health,
+                    cause,
+                    "of request spans".into(),
+                    "does the Collector have a traces pipeline? The request log and metrics have every request",
+                    true,
+                ),
             })
             .build();
         let tracer = provider.tracer("tokentap");
