@@ -100,7 +100,8 @@ need_openssl_headers() {
 }
 
 build_llama_cpp() {
-    # The compile takes ~11 minutes on 2 vCPUs, so a change elsewhere (say
+    # The compile takes 4–11 minutes on 2 vCPUs (250 s in CI, 2026-12-02),
+    # so a change elsewhere (say
     # requirements.txt, which re-runs this script) must not redo it: skip a
     # finished tree (ninja alone would still rebuild the server's UI step,
     # which is always out of date).
