@@ -395,6 +395,24 @@ fn attach_floor() -> Result<aya::Ebpf> {
     Ok(ebpf)
 }
 
+/// The simulated engine (target/dist), and the port it listens on.
+pub(crate) fn start_simengine() -> Result<(Spawned, u16)> {
+    let mut engine = Command::new(bin("simengine"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting simengine (built by `cargo xtask build --dist`)")?;
+    let rx = lines(engine.stdout.take().context("stdout")?);
+    let engine = Spawned { child: engine, rx };
+    let port: u16 = engine
+        .rx
+        .recv_timeout(Duration::from_secs(30))
+        .ok()
+        .and_then(|l| l.strip_prefix("listening ").and_then(|p| p.parse().ok()))
+        .context("simengine says its port")?;
+    Ok((engine, port))
+}
+
 /// Starts tokentap; `expect`: a text its ready line must contain.
 fn spawn_tokentap(args: &[String], expect: Option<&str>) -> Result<Spawned> {
     spawn_agent(&bin("tokentap"), args, expect)

@@ -19,7 +19,7 @@ use std::{
 use anyhow::{Context, Result};
 use serde_json::Value;
 
-use crate::bench::{bin, lines, proc_rss_kib, row, verdict, wait_ready, Row, Spawned};
+use crate::bench::{bin, proc_rss_kib, row, verdict, wait_ready, Row, Spawned};
 
 /// Distinct end users and API keys the load cycles through.
 const USERS: u64 = 5_000;
@@ -47,19 +47,7 @@ pub fn soak(secs: f64) -> Result<Vec<Row>> {
     let events_log = dir.join("events.jsonl");
     let requests_log = dir.join("requests.jsonl");
 
-    let mut engine = Command::new(bin("simengine"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .context("starting simengine (built by `cargo xtask build --dist`)")?;
-    let rx = lines(engine.stdout.take().context("stdout")?);
-    let engine = Spawned { child: engine, rx };
-    let port: u16 = engine
-        .rx
-        .recv_timeout(Duration::from_secs(30))
-        .ok()
-        .and_then(|l| l.strip_prefix("listening ").and_then(|p| p.parse().ok()))
-        .context("simengine says its port")?;
+    let (engine, port) = crate::bench::start_simengine()?;
 
     let mut agent = Command::new(bin("tokentap"))
         .args(["run", "--pid", &engine.child.id().to_string()])

@@ -19,7 +19,7 @@ use std::{
 
 use anyhow::{Context, Result};
 
-use crate::bench::{bin, lines, proc_cpu_s, row, wait_ready, Row, Spawned};
+use crate::bench::{bin, proc_cpu_s, row, wait_ready, Row, Spawned};
 
 /// Requests per second the load aims at (the simulated engine and the
 /// agent share two cores with the client).
@@ -27,19 +27,7 @@ const TARGET_RPS: f64 = 300.0;
 
 pub fn traces(secs: f64, rounds: usize) -> Result<Vec<Row>> {
     let secs = secs.max(5.0);
-    let mut engine = Command::new(bin("simengine"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .context("starting simengine (built by `cargo xtask build --dist`)")?;
-    let rx = lines(engine.stdout.take().context("stdout")?);
-    let engine = Spawned { child: engine, rx };
-    let port: u16 = engine
-        .rx
-        .recv_timeout(Duration::from_secs(30))
-        .ok()
-        .and_then(|l| l.strip_prefix("listening ").and_then(|p| p.parse().ok()))
-        .context("simengine says its port")?;
+    let (engine, port) = crate::bench::start_simengine()?;
     let rotel_port = free_port()?;
     let rotel_bin = crate::util::root()
         .join("tests/peers/.venv/lib/python3.11/site-packages/rotel/rotel-agent");

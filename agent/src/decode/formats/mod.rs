@@ -276,26 +276,40 @@ impl Stages {
             model_load_us,
             cached_input_tokens
         );
-        self.source = match self.source {
-            Some(s) if s != src && !s.contains(src) => Some(if s < src {
-                Self::joined(s, src)
-            } else {
-                Self::joined(src, s)
-            }),
-            Some(s) => Some(s),
-            None => Some(src),
-        };
+        let both = source_bits(self.source) | source_bits(Some(src));
+        self.source = Some(SOURCES_JOINED[both]);
     }
+}
 
-    /// Two sources named together (a request that reports stages in two
-    /// places: llama.cpp's timings and OpenAI usage's cached tokens).
-    fn joined(a: &'static str, b: &'static str) -> &'static str {
-        match (a, b) {
-            ("llamacpp_timings", "openai_usage") => "llamacpp_timings+openai_usage",
-            ("openai_usage", "tgi_headers") => "openai_usage+tgi_headers",
-            _ => a,
-        }
-    }
+/// The engine fields stages come from, in the order their names join.
+const SOURCES: [&str; 4] = ["llamacpp_timings", "ollama", "openai_usage", "tgi_headers"];
+
+/// Every set of [`SOURCES`] (bit i = `SOURCES[i]`), joined by `+` (a test
+/// holds the table to that rule).
+const SOURCES_JOINED: [&str; 16] = [
+    "",
+    "llamacpp_timings",
+    "ollama",
+    "llamacpp_timings+ollama",
+    "openai_usage",
+    "llamacpp_timings+openai_usage",
+    "ollama+openai_usage",
+    "llamacpp_timings+ollama+openai_usage",
+    "tgi_headers",
+    "llamacpp_timings+tgi_headers",
+    "ollama+tgi_headers",
+    "llamacpp_timings+ollama+tgi_headers",
+    "openai_usage+tgi_headers",
+    "llamacpp_timings+openai_usage+tgi_headers",
+    "ollama+openai_usage+tgi_headers",
+    "llamacpp_timings+ollama+openai_usage+tgi_headers",
+];
+
+fn source_bits(s: Option<&str>) -> usize {
+    let Some(s) = s else { return 0 };
+    s.split('+')
+        .filter_map(|p| SOURCES.iter().position(|n| *n == p))
+        .fold(0, |m, i| m | 1 << i)
 }
 
 /// Milliseconds (a JSON number, possibly fractional) as microseconds.
@@ -751,6 +765,27 @@ mod tests {
         let long = format!(r#"{{"user":"{}"}}"#, "u".repeat(10_000));
         let r = request_info(long.as_bytes());
         assert!(r.user.unwrap().len() <= crate::identity::caller::MAX_TENANT_BYTES);
+    }
+
+    #[test]
+    fn stage_sources_join_in_one_order_whatever_order_they_came_in() {
+        for (m, joined) in SOURCES_JOINED.iter().enumerate() {
+            let want: Vec<&str> = (0..4)
+                .filter(|i| m & 1 << i != 0)
+                .map(|i| SOURCES[i])
+                .collect();
+            assert_eq!(*joined, want.join("+"), "bits {m}");
+        }
+        let s = |src: &'static str| Stages {
+            prefill_us: Some(1),
+            source: Some(src),
+            ..Stages::default()
+        };
+        let mut a = s("tgi_headers");
+        a.merge(&s("openai_usage"));
+        a.merge(&s("ollama"));
+        a.merge(&s("openai_usage"));
+        assert_eq!(a.source, Some("ollama+openai_usage+tgi_headers"));
     }
 
     #[test]

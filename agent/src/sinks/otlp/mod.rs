@@ -709,65 +709,52 @@ impl Metrics {
             "HTTP/2 header fields that named a header-table entry sent before the agent joined the connection (their values unknown)",
             |h| h.unresolved_headers.load(Ordering::Relaxed),
         );
-        let tls_u64 = |name: &'static str,
-                       unit: &'static str,
-                       desc: &'static str,
-                       f: fn(&crate::capture::tls::TlsCounts) -> u64| {
-            let hl = hl.clone();
-            meter
-                .u64_observable_counter(name)
-                .with_unit(unit)
-                .with_description(desc)
-                .with_callback(move |o| {
-                    let t = hl.tls_source.lock().unwrap_or_else(|p| p.into_inner());
-                    o.observe(f(&t), &[])
-                })
-                .build()
-        };
-        let _ = tls_u64(
+        // The TLS source's counters and gauges, read from its health copy.
+        fn tls(h: &Health) -> crate::capture::tls::TlsCounts {
+            h.tls_source
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone()
+        }
+        let _ = obs_u64(
             "tokentap.tls.calls",
             "{call}",
             "OpenSSL SSL_read/SSL_write calls of targets whose plaintext was captured",
-            |t| t.calls,
+            |h| tls(h).calls,
         );
-        let _ = tls_u64(
+        let _ = obs_u64(
             "tokentap.tls.unattributed",
             "{call}",
             "OpenSSL calls that returned plaintext on a socket tokentap could not name (no socket call inside, no memory BIO tied to one): not captured",
-            |t| t.unattributed,
+            |h| tls(h).unattributed,
         );
-        let _ = tls_u64(
+        let _ = obs_u64(
             "tokentap.tls.bios_linked",
             "{bio}",
             "Memory BIOs (asyncio/uvicorn TLS) tied to their socket by content",
-            |t| t.bios_linked,
+            |h| tls(h).bios_linked,
         );
-        let tls_gauge = |name: &'static str,
-                         unit: &'static str,
-                         desc: &'static str,
-                         f: fn(&crate::capture::tls::TlsCounts) -> u64| {
-            let hl = hl.clone();
-            meter
-                .u64_observable_gauge(name)
-                .with_unit(unit)
-                .with_description(desc)
-                .with_callback(move |o| {
-                    let t = hl.tls_source.lock().unwrap_or_else(|p| p.into_inner());
-                    o.observe(f(&t), &[])
-                })
-                .build()
-        };
-        let _ = tls_gauge(
+        let gauge =
+            |name: &'static str, unit: &'static str, desc: &'static str, f: fn(&Health) -> u64| {
+                let hl = hl.clone();
+                meter
+                    .u64_observable_gauge(name)
+                    .with_unit(unit)
+                    .with_description(desc)
+                    .with_callback(move |o| o.observe(f(&hl), &[]))
+                    .build()
+            };
+        let _ = gauge(
             "tokentap.tls.processes",
             "{process}",
             "Target processes whose OpenSSL is probed now",
-            |t| t.source.processes,
+            |h| tls(h).source.processes,
         );
-        let _ = tls_gauge(
+        let _ = gauge(
             "tokentap.tls.libraries",
             "{file}",
             "OpenSSL library files (device, inode) probed now",
-            |t| t.source.libraries,
+            |h| tls(h).source.libraries,
         );
         {
             let hl = hl.clone();
