@@ -118,6 +118,25 @@ pub struct RequestRecord {
     /// header.
     pub trace_id: Option<String>,
     pub parent_span_id: Option<String>,
+    /// The id of this request's span, set when another record's span is
+    /// its child (a gateway's request, whose engine request it forwarded).
+    /// `null` otherwise: the span exporter then picks one.
+    pub span_id: Option<String>,
+    /// `gateway`: a reverse proxy's request whose forwarded request the
+    /// engine's record also shows (one user request seen at two hops: the
+    /// LLM counters, tokens and timeline count the engine's only);
+    /// `engine`: that engine's record. `null` when no gateway was joined.
+    pub role: Option<&'static str>,
+    /// Through a gateway that is a target too (both records carry these):
+    /// the gateway's request arrival → the engine's (`gateway_s`), the
+    /// engine's first content write → the gateway's (`gateway_return_s`),
+    /// the gateway process (`gateway`: its name, `gateway_pid`) and the
+    /// port it served the request on (`gateway_port`).
+    pub gateway_s: Option<f64>,
+    pub gateway_return_s: Option<f64>,
+    pub gateway: Option<String>,
+    pub gateway_pid: Option<u32>,
+    pub gateway_port: Option<u16>,
     /// Time the request waited in the socket before the engine read its
     /// first byte (s): first read − arrival. Null when t0 is the read.
     pub queue_s: Option<f64>,

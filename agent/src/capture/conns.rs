@@ -97,16 +97,20 @@ impl State {
         self.conns_untracked += 1;
     }
 
-    fn selected(&self, role: Role, local: Option<SocketAddr>) -> bool {
+    /// With `--port`: a target's accepted connections on those ports, and
+    /// its outgoing ones to those ports (a gateway's upstream connections
+    /// to an engine, for the gateway join); nothing else.
+    fn selected(&self, role: Role, local: Option<SocketAddr>, peer: Option<SocketAddr>) -> bool {
         if self.ports.is_empty() {
             return true;
         }
-        match (role, local) {
-            (Role::Server, Some(l)) => self.ports.contains(&l.port()),
+        match (role, local, peer) {
+            (Role::Server, Some(l), _) => self.ports.contains(&l.port()),
             // Unknown local address (fd already closed): keep rather than
             // lose a connection we cannot judge.
-            (Role::Server, None) => true,
-            (Role::Client, _) => false,
+            (Role::Server, None, _) => true,
+            (Role::Client, _, Some(p)) => self.ports.contains(&p.port()),
+            (Role::Client, _, None) => false,
         }
     }
 
@@ -148,7 +152,7 @@ impl State {
                 },
             },
         };
-        if !self.selected(role, local) {
+        if !self.selected(role, local, peer) {
             self.untrack(pid, fd);
             return;
         }
@@ -183,7 +187,7 @@ impl State {
             } else {
                 Role::Client
             };
-            if !self.selected(role, Some(e.local)) {
+            if !self.selected(role, Some(e.local), Some(e.peer)) {
                 continue;
             }
             let st = ConnState {

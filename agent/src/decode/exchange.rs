@@ -360,6 +360,13 @@ impl Exchange {
             parent_span_id: self
                 .trace
                 .map(|t| crate::identity::trace::hex(&t.parent_id)),
+            span_id: None,
+            role: None,
+            gateway_s: None,
+            gateway_return_s: None,
+            gateway: None,
+            gateway_pid: None,
+            gateway_port: None,
             protocol: Some(self.protocol),
             request_id: self.request_id,
             queue_s,

@@ -27,6 +27,7 @@ pub mod arrival;
 pub mod body;
 pub mod exchange;
 pub mod formats;
+pub mod gateway;
 pub mod grpc;
 pub mod http1;
 pub mod http2;
@@ -104,6 +105,8 @@ pub struct DecodeStats {
     pub http2_dropped: std::collections::BTreeMap<&'static str, u64>,
     /// What gRPC decoding counted.
     pub grpc: grpc::GrpcCounts,
+    /// What the gateway join counted.
+    pub gateway: gateway::GatewayCounts,
 }
 
 impl DecodeStats {
@@ -557,6 +560,7 @@ pub struct Decoder {
     identity: IdentityConfig,
     arrivals: arrival::Arrivals,
     tls_servers: TlsServers,
+    gateway: gateway::Join,
 }
 
 impl Decoder {
@@ -621,6 +625,38 @@ impl Decoder {
     }
 
     pub fn on_event(&mut self, ev: &SocketEvent, records: &mut Vec<Finished>) {
+        let from = records.len();
+        self.decode_event(ev, records);
+        let (key, ts_ns) = match ev {
+            SocketEvent::Open(o) => ((o.pid, o.fd), o.ts_ns),
+            SocketEvent::Close(c) => ((c.pid, c.fd), c.ts_ns),
+            SocketEvent::Data(d) => ((d.pid, d.fd), d.ts_ns),
+            SocketEvent::Arrival(_) => return,
+        };
+        let counts = &mut self.stats.gateway;
+        self.gateway.pass(key, ts_ns, records, from, counts);
+        match ev {
+            SocketEvent::Open(o) => self.gateway.open(key, o.role, o.local, o.peer, ts_ns),
+            SocketEvent::Close(_) => self.gateway.close(key, ts_ns),
+            _ => {}
+        }
+        self.gateway.expire(Some(ts_ns), records, counts);
+    }
+
+    /// Releases engine records that waited for their gateway's record
+    /// longer than the join holds them (a live run's tick; `now_ns`
+    /// wall-clock UNIX-epoch nanoseconds, the events' clock).
+    pub fn tick(&mut self, now_ns: u64, records: &mut Vec<Finished>) {
+        self.gateway
+            .expire(Some(now_ns), records, &mut self.stats.gateway);
+    }
+
+    /// Records the gateway join holds (waiting for their gateway's).
+    pub fn held(&self) -> usize {
+        self.gateway.held()
+    }
+
+    fn decode_event(&mut self, ev: &SocketEvent, records: &mut Vec<Finished>) {
         self.stats.events += 1;
         let Decoder {
             conns,
@@ -630,6 +666,7 @@ impl Decoder {
             identity,
             arrivals,
             tls_servers,
+            gateway: _,
         } = self;
         let mut out = Out {
             stats,
@@ -771,15 +808,16 @@ impl Decoder {
     pub fn finish(&mut self, records: &mut Vec<Finished>) {
         let mut keys: Vec<_> = self.conns.keys().copied().collect();
         keys.sort_unstable();
-        let mut out = Out {
-            stats: &mut self.stats,
-            next_seq: &mut self.next_seq,
-            records,
-            self_marker: self.self_marker.as_ref(),
-            identity: &self.identity,
-            tls_servers: &mut self.tls_servers,
-        };
         for k in keys {
+            let first = records.len();
+            let mut out = Out {
+                stats: &mut self.stats,
+                next_seq: &mut self.next_seq,
+                records,
+                self_marker: self.self_marker.as_ref(),
+                identity: &self.identity,
+                tls_servers: &mut self.tls_servers,
+            };
             if let Some(c) = self.conns.remove(&k) {
                 c.ended(&mut out);
                 let from = out.records.len();
@@ -789,7 +827,12 @@ impl Decoder {
                     stamp_ssl_write(&mut out.records[from..]);
                 }
             }
+            // A TLS plaintext connection shares its socket's (pid, fd).
+            let key = (k.0, k.1 & !(1 << 30));
+            self.gateway
+                .pass(key, u64::MAX, records, first, &mut self.stats.gateway);
         }
+        self.gateway.expire(None, records, &mut self.stats.gateway);
     }
 }
 

@@ -28,6 +28,15 @@ impl Enricher for EngineName {
                 .and_then(|p| p.engine)
                 .map(|e| e.name().to_string());
         }
+        // A joined gateway (the decoder knows its pid): its process name.
+        if let Some(g) = r.gateway_pid {
+            r.gateway = Some(
+                node.processes
+                    .get(&g)
+                    .and_then(|p| p.name.clone())
+                    .unwrap_or_else(|| format!("pid {g}")),
+            );
+        }
     }
 }
 

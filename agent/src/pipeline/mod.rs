@@ -228,6 +228,11 @@ impl Pipeline {
     /// Publishes health and lets every sink do its periodic work.
     pub fn tick(&mut self, capture: Option<&CaptureStats>) -> Result<()> {
         self.health.beat();
+        if self.live {
+            // Engine records whose gateway's record never came.
+            self.decoder.tick(now_wall_ns(), &mut self.finished);
+            self.flush_finished()?;
+        }
         self.health
             .publish(capture, &self.decoder.stats, self.decoder.in_flight());
         let now_ns = now_wall_ns();

@@ -179,6 +179,10 @@ impl Targeter {
         node.processes.insert(
             pid,
             ProcessInfo {
+                name: std::fs::read_to_string(self.proc_root.join(pid.to_string()).join("comm"))
+                    .ok()
+                    .map(|c| c.trim_end().to_string())
+                    .filter(|c| !c.is_empty()),
                 engine,
                 listen_ports,
                 container: procfs::container_identity(&self.proc_root, pid),

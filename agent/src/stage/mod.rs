@@ -90,6 +90,8 @@ impl NodeState {
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ProcessInfo {
+    /// Its name (`/proc/PID/comm`): what records call a gateway process.
+    pub name: Option<String>,
     /// The engine its command line names (gen_ai.provider.name).
     pub engine: Option<crate::engines::Engine>,
     /// TCP ports it listens on (in its own network namespace), sorted.

@@ -155,6 +155,11 @@ impl Timeline {
 
     /// A finished, enriched request.
     pub fn on_record(&mut self, f: &Finished, out: &mut Vec<Event>) {
+        // A gateway's request is the engine's, seen one hop earlier: the
+        // events count it once, at the engine.
+        if f.role == Some("gateway") {
+            return;
+        }
         let start = out.len();
         let end = f.t0_ns + (f.duration_s.unwrap_or(0.0) * 1e9) as u64;
         self.advance(end, None, out);

@@ -245,7 +245,13 @@ impl RequestInstruments {
 
     fn record(&self, f: &Finished, attrs: &[KeyValue]) {
         let r = &f.record;
-        self.requests.add(1, attrs);
+        // A gateway's request is the engine's request seen one hop
+        // earlier: its latencies are its own (`tokentap.role` = `gateway`),
+        // but the request and its tokens are counted once, at the engine.
+        let counted = r.role != Some("gateway");
+        if counted {
+            self.requests.add(1, attrs);
+        }
         if let Some(d) = r.duration_s {
             self.duration.record(d, attrs);
         }
@@ -267,11 +273,14 @@ impl RequestInstruments {
                 h.record(v, attrs);
             }
         }
-        if let Some(n) = r.cached_input_tokens {
+        if let Some(n) = r.cached_input_tokens.filter(|_| counted) {
             self.cached_input.add(n, attrs);
         }
         for g in &f.chunk_gaps_s {
             self.chunk.record(*g, attrs);
+        }
+        if !counted {
+            return;
         }
         for (kind, n) in [("input", r.input_tokens), ("output", r.output_tokens)] {
             if let Some(n) = n {
@@ -476,6 +485,11 @@ impl AttributeMap {
         }
         if let Some(e) = r.error_type {
             attrs.push(KeyValue::new("error.type", e.as_str()));
+        }
+        // Only on requests seen at two hops (a gateway joined): `gateway`
+        // or `engine` (bounded).
+        if let Some(role) = r.role {
+            attrs.push(KeyValue::new("tokentap.role", role));
         }
         attrs
     }

@@ -32,7 +32,7 @@ use opentelemetry::{
 };
 use opentelemetry_sdk::{
     error::OTelSdkResult,
-    trace::{Sampler, SdkTracer, SdkTracerProvider, SpanData, SpanExporter},
+    trace::{IdGenerator, Sampler, SdkTracer, SdkTracerProvider, SpanData, SpanExporter},
     Resource,
 };
 
@@ -110,6 +110,35 @@ fn random_bytes<const N: usize>() -> [u8; N] {
     b
 }
 
+thread_local! {
+    /// The trace and span id the next span gets (set just before it is
+    /// started, on the thread that starts it): a record's own ids, so that
+    /// a gateway's span is the parent its engine's record names, and the
+    /// trace id sampling decided on is the one exported.
+    static NEXT_IDS: std::cell::Cell<([u8; 16], Option<[u8; 8]>)> =
+        const { std::cell::Cell::new(([0; 16], None)) };
+}
+
+/// The SDK's id source: the ids [`NEXT_IDS`] holds, else random ones.
+#[derive(Debug)]
+struct ChosenIds;
+
+impl IdGenerator for ChosenIds {
+    fn new_trace_id(&self) -> TraceId {
+        let t = NEXT_IDS.with(|c| c.get().0);
+        if t == [0; 16] {
+            TraceId::from_bytes(random_bytes::<16>())
+        } else {
+            TraceId::from_bytes(t)
+        }
+    }
+
+    fn new_span_id(&self) -> SpanId {
+        let s = NEXT_IDS.with(|c| c.get().1);
+        SpanId::from_bytes(s.unwrap_or_else(random_bytes::<8>))
+    }
+}
+
 fn at(ns: u64) -> SystemTime {
     UNIX_EPOCH + Duration::from_nanos(ns)
 }
@@ -131,6 +160,7 @@ impl TraceExport {
             .with_resource(crate::sinks::otlp::agent_resource(&[]))
             // Sampled here, after the request ended (`keep`).
             .with_sampler(Sampler::AlwaysOn)
+            .with_id_generator(ChosenIds)
             .with_batch_exporter(Counted {
                 inner: exporter,
                 report: crate::sinks::otlp::exporter::FailureReport::new(
@@ -153,13 +183,21 @@ impl TraceExport {
 
     pub fn record(&self, f: &Finished) {
         let r = &f.record;
-        let parent = r
+        // The caller's trace, or (a gateway's request without one) the
+        // trace its engine's record was put in.
+        let own_trace = r
             .trace_id
             .as_deref()
-            .zip(r.parent_span_id.as_deref())
-            .and_then(|(t, s)| Some((TraceId::from_hex(t).ok()?, SpanId::from_hex(s).ok()?)));
-        let trace_id = parent
-            .map(|(t, _)| t.to_bytes())
+            .and_then(|t| TraceId::from_hex(t).ok())
+            .filter(|t| *t != TraceId::INVALID);
+        let parent = own_trace.zip(
+            r.parent_span_id
+                .as_deref()
+                .and_then(|s| SpanId::from_hex(s).ok())
+                .filter(|s| *s != SpanId::INVALID),
+        );
+        let trace_id = own_trace
+            .map(|t| t.to_bytes())
             .unwrap_or_else(random_bytes::<16>);
         if !keep(
             trace_id,
@@ -187,8 +225,15 @@ impl TraceExport {
             .or(r.response_model.as_deref())
             .unwrap_or("unknown");
         let t0 = at(r.t0_ns);
-        // Without a parent the SDK draws the trace id (as random as the one
-        // `keep` was asked about).
+        // The SDK takes the ids from `NEXT_IDS` (the trace id only without
+        // a parent: a parent's is the span's).
+        let span_id = r
+            .span_id
+            .as_deref()
+            .and_then(|s| SpanId::from_hex(s).ok())
+            .filter(|s| *s != SpanId::INVALID)
+            .map(|s| s.to_bytes());
+        NEXT_IDS.with(|c| c.set((trace_id, span_id)));
         let mut span = self
             .tracer
             .span_builder(format!("{op} {model}"))
@@ -196,6 +241,7 @@ impl TraceExport {
             .with_start_time(t0)
             .with_attributes(attributes(f))
             .start_with_context(&self.tracer, &cx);
+        NEXT_IDS.with(|c| c.set(([0; 16], None)));
         if let Some(q) = r.queue_s {
             span.add_event_with_timestamp("tokentap.request.read", after(t0, q), vec![]);
         }
@@ -241,6 +287,8 @@ fn attributes(f: &Finished) -> Vec<KeyValue> {
     s("k8s.pod.name", r.k8s_pod_name.as_deref());
     s("k8s.namespace.name", r.k8s_namespace.as_deref());
     s("tokentap.stages.source", r.stages_source);
+    s("tokentap.role", r.role);
+    s("tokentap.gateway", r.gateway.as_deref());
     if let Some(e) = &r.error_type {
         a.push(KeyValue::new("error.type", e.as_str().to_string()));
     }
@@ -269,6 +317,8 @@ fn attributes(f: &Finished) -> Vec<KeyValue> {
         ("tokentap.engine_queue_s", r.engine_queue_s),
         ("tokentap.prefill_s", r.prefill_s),
         ("tokentap.decode_s", r.decode_s),
+        ("tokentap.gateway_s", r.gateway_s),
+        ("tokentap.gateway_return_s", r.gateway_return_s),
     ] {
         if let Some(v) = v {
             a.push(KeyValue::new(k, v));
