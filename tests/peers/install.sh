@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the real third-party peers the fidelity test and the benchmarks
-# drive, all from PyPI, into this directory (nothing outside it is touched):
+# drive, from PyPI into this directory, and from Debian (nginx, OpenSSL
+# headers) where missing:
 #
 #   .venv/            Python virtualenv: openai SDK, rotel, gguf,
 #                     llama-cpp-python[server] (Python part), cmake, ninja
@@ -8,6 +9,8 @@
 #                     the shared libraries llama-cpp-python loads
 #                     (LLAMA_CPP_LIB_PATH) and the native llama-server
 #   .model/           tiny random-weight GGUF model (make_model.py)
+#   /usr/sbin/nginx   Debian's nginx (the gateway test's reverse proxy),
+#                     installed with apt when missing (as root)
 #
 # Idempotent: a stamp file records what was built from which inputs; run it
 # again and it only checks. Times of each step are printed (and written to
@@ -92,9 +95,35 @@ need_openssl_headers() {
     # llama-server's HTTPS needs OpenSSL's headers (Debian: libssl-dev).
     [[ -f /usr/include/openssl/ssl.h ]] && return
     if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
-        DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends libssl-dev
+        apt_install libssl-dev
     else
         echo "peers: OpenSSL headers missing: install libssl-dev (Debian) and run again" >&2
+        exit 1
+    fi
+}
+
+apt_install() {
+    # Debian packages, as root: the package lists are refreshed once if the
+    # install fails on stale ones. Services a package would start are not
+    # (policy-rc.d, only while this runs, only if none is there).
+    local policy=/usr/sbin/policy-rc.d ours=0 rc=0
+    if [[ ! -e $policy ]]; then
+        printf '#!/bin/sh\nexit 101\n' > "$policy" && chmod +x "$policy" && ours=1
+    fi
+    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "$@" ||
+        { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "$@"; } ||
+        rc=$?
+    [[ $ours -eq 1 ]] && rm -f "$policy"
+    return $rc
+}
+
+need_nginx() {
+    # The gateway test's reverse proxy: Debian's nginx.
+    [[ -x /usr/sbin/nginx ]] && return
+    if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
+        apt_install nginx-light
+    else
+        echo "peers: nginx missing: install nginx (Debian) and run again" >&2
         exit 1
     fi
 }
@@ -134,6 +163,7 @@ step venv make_venv
 step sdist fetch_sdist
 step llama.cpp build_llama_cpp
 step llama-cpp-python install_python_server
+step nginx need_nginx
 step model "$venv/bin/python" make_model.py --vocab "$src/vendor/llama.cpp/models/ggml-vocab-llama-spm.gguf" --out "$here/.model"
 echo "$want" > "$stamp"
 echo "peers: ready"; cat "$here/.install-times"

@@ -163,6 +163,27 @@ impl Netns {
         ns
     }
 
+    /// Routes from this namespace to `other`'s address through the host
+    /// (two pods on one node: each reaches the other through the node).
+    /// Needs the host to forward IPv4 (`net.ipv4.ip_forward`, set when 0).
+    pub fn route_to(&self, other: &Netns) {
+        let fwd = "/proc/sys/net/ipv4/ip_forward";
+        if std::fs::read_to_string(fwd).is_ok_and(|v| v.trim() == "0") {
+            std::fs::write(fwd, "1").expect("enable IPv4 forwarding");
+        }
+        ip(&[
+            "netns",
+            "exec",
+            &self.name,
+            "ip",
+            "route",
+            "add",
+            &format!("{}/32", other.ns_addr),
+            "via",
+            &self.host_addr,
+        ]);
+    }
+
     /// `program` run inside the namespace. `ip netns exec` execs it in
     /// place, so the child's pid is the program's.
     pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {

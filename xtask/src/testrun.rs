@@ -124,7 +124,6 @@ fn split_args(args: &[String]) -> (&[String], &[String]) {
     }
 }
 
-/// Whether a run with `args` may include the fidelity tests (which need
 /// Must match `TEST_IMAGE` in tests/tests/deploy.rs.
 const CONTAINER_TEST_IMAGE: &str = "localhost/tokentap:test";
 
@@ -134,11 +133,19 @@ fn selects_container_test(args: &[String]) -> bool {
     args.is_empty() || args.iter().any(|a| a == "deploy")
 }
 
-/// the real peers installed): the whole suite, or a selection naming them.
+/// Whether a run with `args` may include the tests that need the real
+/// peers installed: the whole suite, or a selection naming them.
 fn selects_peer_tests(args: &[String]) -> bool {
     // Test binaries that drive the real peers (llama.cpp, the openai SDK,
-    // tritonclient's gRPC server and client, Hypercorn).
-    const PEER_TESTS: [&str; 5] = ["fidelity", "enginemetrics", "grpc", "tls", "stages"];
+    // tritonclient's gRPC server and client, Hypercorn, Debian's nginx).
+    const PEER_TESTS: [&str; 6] = [
+        "fidelity",
+        "enginemetrics",
+        "grpc",
+        "tls",
+        "stages",
+        "gateway",
+    ];
     args.is_empty()
         || args
             .iter()

@@ -36,6 +36,11 @@ use crate::record::Finished;
 /// How long an engine record waits for its gateway's (after it finished;
 /// the gateway's record normally follows within milliseconds).
 pub const HOLD_NS: u64 = 5_000_000_000;
+/// How much earlier than the proxy's upstream write (its syscall's exit)
+/// the engine's arrival may be: on one node the segment reaches the
+/// engine's socket inside the proxy's write call. Requests on one
+/// connection are sequential, so this only has to exclude a stale record.
+const WRITE_SLACK_NS: u64 = 100_000_000;
 /// How long the address of a closed connection is remembered (a proxy
 /// that closes its upstream connection before its records are joined).
 const REMEMBER_NS: u64 = 10_000_000_000;
@@ -174,7 +179,9 @@ impl Join {
                         .held
                         .iter_mut()
                         .filter(|h| {
-                            h.peer == l && h.up.is_none() && h.f.record.t0_ns >= f.record.t0_ns
+                            h.peer == l
+                                && h.up.is_none()
+                                && h.f.record.t0_ns + WRITE_SLACK_NS >= f.record.t0_ns
                         })
                         .min_by_key(|h| h.f.record.t0_ns)
                     {
@@ -255,6 +262,11 @@ impl Join {
             let live: HashSet<u32> = self.uplinks.values().map(|s| s.pid).collect();
             self.gateways.retain(|p| live.contains(p));
         }
+    }
+
+    /// Processes seen forwarding requests to a served engine.
+    pub fn gateways(&self) -> &HashSet<u32> {
+        &self.gateways
     }
 
     /// Records held now.
@@ -383,7 +395,8 @@ mod tests {
     }
 
     /// One request through the proxy, `start` µs on: the proxy reads it at
-    /// +0, writes it upstream at +300, the engine reads it at +500, writes
+    /// +0, writes it upstream (its call returns at +504), the engine reads
+    /// it at +500, writes
     /// its head and first token at +2000 (the proxy forwards each write
     /// 100 µs later), the end at +5000.
     fn proxied(model: &str, start: u64, evs: &mut Vec<SocketEvent>) {
@@ -395,7 +408,9 @@ mod tests {
             (5000, Dir::Out, [last, end].concat()),
         ];
         evs.push(data(INBOUND, start, Dir::In, &req));
-        evs.push(data(UPSTREAM, start + 300, Dir::Out, &req));
+        // On one node the segment reaches the engine's socket inside the
+        // proxy's write: the engine's arrival precedes the write's exit.
+        evs.push(data(UPSTREAM, start + 504, Dir::Out, &req));
         evs.push(data(SERVED, start + 500, Dir::In, &req));
         for (t, _, bytes) in &steps {
             evs.push(data(SERVED, start + t, Dir::Out, bytes));

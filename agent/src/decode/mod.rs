@@ -651,9 +651,20 @@ impl Decoder {
             .expire(Some(now_ns), records, &mut self.stats.gateway);
     }
 
+    /// Releases every record the gateway join holds, as it is (a live
+    /// run's shutdown: the gateway's records will not come).
+    pub fn release_held(&mut self, records: &mut Vec<Finished>) {
+        self.gateway.expire(None, records, &mut self.stats.gateway);
+    }
+
     /// Records the gateway join holds (waiting for their gateway's).
     pub fn held(&self) -> usize {
         self.gateway.held()
+    }
+
+    /// Processes seen forwarding requests to a served engine (gateways).
+    pub fn gateways(&self) -> &std::collections::HashSet<u32> {
+        self.gateway.gateways()
     }
 
     fn decode_event(&mut self, ev: &SocketEvent, records: &mut Vec<Finished>) {

@@ -52,6 +52,10 @@ impl Task for EngineMetricsTask {
         let mut targets = Vec::new();
         let mut meta = HashMap::new();
         for (&pid, p) in &cx.node.processes {
+            // A gateway's /metrics is its engine's, proxied (or its own).
+            if cx.node.gateways.contains(&pid) {
+                continue;
+            }
             let port = p
                 .listen_ports
                 .iter()

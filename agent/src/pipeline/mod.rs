@@ -130,6 +130,9 @@ impl Pipeline {
         for ev in events.drain(..) {
             self.decoder.on_event(&ev, &mut self.finished);
         }
+        if self.decoder.gateways() != &self.node.gateways {
+            self.node.gateways = self.decoder.gateways().clone();
+        }
         for (pid, port) in self.decoder.take_tls_servers() {
             eprintln!(
                 "tokentap: pid {pid}{} speaks TLS: tokentap sees only ciphertext there, so its requests are not measured \
@@ -266,6 +269,9 @@ impl Pipeline {
     /// Last tick, then every sink's shutdown (all of them, even when one
     /// fails; the first error is returned).
     pub fn shutdown(mut self, capture: Option<&CaptureStats>) -> Result<Summary> {
+        // Finished requests the gateway join still holds.
+        self.decoder.release_held(&mut self.finished);
+        self.flush_finished()?;
         if let Some(g) = &mut self.gpu {
             g.flush(&mut self.ready);
         }

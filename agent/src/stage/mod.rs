@@ -70,6 +70,10 @@ pub struct NodeState {
     /// NVML stopped answering (every GPU lost, driver gone): the GPU stage
     /// forgets its engine map until samples come back.
     pub gpu_unavailable: bool,
+    /// Targets the decoder found forwarding requests to another target (a
+    /// reverse proxy in front of an engine): not engines themselves, so
+    /// not scraped for engine metrics nor counted as serving.
+    pub gateways: std::collections::HashSet<u32>,
 }
 
 impl NodeState {
@@ -80,7 +84,7 @@ impl NodeState {
         let mut v: Vec<u32> = self
             .processes
             .iter()
-            .filter(|(_, p)| !p.listen_ports.is_empty())
+            .filter(|(pid, p)| !p.listen_ports.is_empty() && !self.gateways.contains(pid))
             .map(|(pid, _)| *pid)
             .collect();
         v.sort_unstable();
