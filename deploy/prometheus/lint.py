@@ -134,7 +134,7 @@ REQUEST_KEYS = {
     "gen_ai.operation.name", "gen_ai.provider.name", "gen_ai.request.model",
     "gen_ai.response.model", "tokentap.stream", "tokentap.tenant",
     "tokentap.caller", "tokentap.request.type", "server.port",
-    "tokentap.model.version", "error.type",
+    "tokentap.model.version", "error.type", "tokentap.role",
 }
 DEVICE_KEYS = {"hw.id", "hw.name", "hw.vendor", "hw.parent"}
 ENGINE_KEYS = {"gen_ai.provider.name", "tokentap.engine.pid"}
