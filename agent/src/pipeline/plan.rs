@@ -51,6 +51,9 @@ pub struct RunFlags {
     /// --pid, every process listening on it is captured, in any network
     /// namespace (containers, pods); when nothing listens yet, tokentap
     /// waits for it, and follows an engine that restarts on the port.
+    /// A target's outgoing connections to one of these ports are captured
+    /// too: give a reverse proxy's port and its engine's, and the two
+    /// records of one request are joined (`gateway_s`, docs/metrics.md).
     #[arg(long = "port", value_name = "PORT", value_parser = clap::value_parser!(u16).range(1..))]
     #[serde(rename = "port", deserialize_with = "checked::ids")]
     pub ports: Vec<u16>,
