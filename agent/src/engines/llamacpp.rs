@@ -1,7 +1,7 @@
 //! llama.cpp's server (`llama-server`, <https://github.com/ggml-org/llama.cpp>)
 //! and llama-cpp-python's (`python -m llama_cpp.server`).
 
-use super::{MetricNames, ModelFlags, Spec};
+use super::{InfoEndpoint, MetricNames, ModelFlags, Spec};
 
 pub(super) const SPEC: Spec = Spec {
     name: "llama.cpp",
@@ -23,4 +23,14 @@ pub(super) const SPEC: Spec = Spec {
         requests_waiting: &["llamacpp:requests_deferred"],
         requests_running: &["llamacpp:requests_processing"],
     }),
+    info: Some(InfoEndpoint {
+        path: "/props",
+        version: "/build_info",
+        settings: &[
+            ("n_ctx", "/default_generation_settings/n_ctx"),
+            ("total_slots", "/total_slots"),
+        ],
+    }),
+    dist: Some("llama_cpp_python"),
+    quiet_flags: &["--no-webui", "--slot-save-path", "--metrics", "--props"],
 };

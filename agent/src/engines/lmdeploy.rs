@@ -15,4 +15,7 @@ pub(super) const SPEC: Spec = Spec {
         qualifier_flags: &["--revision"],
     }),
     metrics: None,
+    info: None,
+    dist: Some("lmdeploy"),
+    quiet_flags: &["--server-name", "--server-port"],
 };

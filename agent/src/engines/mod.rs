@@ -52,6 +52,73 @@ pub struct Spec {
     /// The Prometheus names of its own `/metrics` endpoint; `None` when it
     /// serves none tokentap reads.
     pub metrics: Option<MetricNames>,
+    /// Its own info endpoint (the engine's build, effective settings);
+    /// `None` when it has none.
+    pub info: Option<InfoEndpoint>,
+    /// The Python distribution whose installed metadata (`NAME-*.dist-info`)
+    /// names its version, for an engine that is one.
+    pub dist: Option<&'static str>,
+    /// Its flags that do not change how it serves (besides
+    /// [`QUIET_FLAGS`]): left out of the serving configuration.
+    pub quiet_flags: &'static [&'static str],
+}
+
+/// Flags of any engine that do not change how it serves: where it listens,
+/// what it logs, where its files and certificates are. Left out of the
+/// serving configuration (a moved port is not a new configuration).
+pub const QUIET_FLAGS: &[&str] = &[
+    "--host",
+    "--port",
+    "--addr",
+    "--hostname",
+    "--uds",
+    "--log-level",
+    "--uvicorn-log-level",
+    "--log-file",
+    "--log-format",
+    "--log-disable",
+    "--verbose",
+    "-v",
+    "--disable-log-requests",
+    "--disable-log-stats",
+    "--enable-log-requests",
+    "--ssl-certfile",
+    "--ssl-keyfile",
+    "--ssl-ca-certs",
+    "--ssl-cert-file",
+    "--ssl-key-file",
+    "--metrics-port",
+    "--prometheus-port",
+    "--download-dir",
+];
+
+/// Words that make a flag a secret when one is a whole word of its name
+/// (split at `-` and `_`): `--api-key`, `--hf-token`, `--auth-password`,
+/// but not `--max-num-batched-tokens` nor `--tokenizer`. Its value is
+/// dropped before anything is hashed, kept or shown.
+pub const SECRET_WORDS: &[&str] = &[
+    "key",
+    "keys",
+    "apikey",
+    "token",
+    "password",
+    "passwd",
+    "secret",
+    "secrets",
+    "credential",
+    "credentials",
+    "auth",
+];
+
+/// An engine's own endpoint about itself: `GET path`, a JSON object.
+#[derive(Debug)]
+pub struct InfoEndpoint {
+    pub path: &'static str,
+    /// JSON pointer (RFC 6901) of its version string.
+    pub version: &'static str,
+    /// Effective serving settings it reports: (name in the serving
+    /// configuration, JSON pointer).
+    pub settings: &'static [(&'static str, &'static str)],
 }
 
 /// How an engine's command line names what it serves.

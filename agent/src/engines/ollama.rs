@@ -1,7 +1,7 @@
 //! Ollama (<https://github.com/ollama/ollama>): `ollama serve`, its own
 //! `/api/chat` and `/api/generate` besides the OpenAI-compatible API.
 
-use super::Spec;
+use super::{InfoEndpoint, Spec};
 
 pub(super) const SPEC: Spec = Spec {
     name: "ollama",
@@ -11,4 +11,11 @@ pub(super) const SPEC: Spec = Spec {
     model_flags: None,
     // No Prometheus endpoint.
     metrics: None,
+    info: Some(InfoEndpoint {
+        path: "/api/version",
+        version: "/version",
+        settings: &[],
+    }),
+    dist: None,
+    quiet_flags: &[],
 };

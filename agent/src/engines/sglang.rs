@@ -1,7 +1,7 @@
 //! SGLang (<https://github.com/sgl-project/sglang>):
 //! `python -m sglang.launch_server --model-path M`.
 
-use super::{MetricNames, ModelFlags, Spec};
+use super::{InfoEndpoint, MetricNames, ModelFlags, Spec};
 
 pub(super) const SPEC: Spec = Spec {
     name: "sglang",
@@ -19,4 +19,16 @@ pub(super) const SPEC: Spec = Spec {
         requests_waiting: &["sglang:num_queue_reqs"],
         requests_running: &["sglang:num_running_reqs"],
     }),
+    info: Some(InfoEndpoint {
+        path: "/get_server_info",
+        version: "/version",
+        // What the scheduler settled on (computed from the GPU's memory
+        // when not given).
+        settings: &[
+            ("max_total_num_tokens", "/max_total_num_tokens"),
+            ("max_running_requests", "/max_running_requests"),
+        ],
+    }),
+    dist: Some("sglang"),
+    quiet_flags: &[],
 };

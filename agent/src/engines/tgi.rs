@@ -1,7 +1,7 @@
 //! Text Generation Inference (<https://github.com/huggingface/text-generation-inference>):
 //! the launcher starts a Rust router (HTTP) and Python shards.
 
-use super::{MetricNames, ModelFlags, Spec};
+use super::{InfoEndpoint, MetricNames, ModelFlags, Spec};
 
 pub(super) const SPEC: Spec = Spec {
     name: "tgi",
@@ -24,4 +24,25 @@ pub(super) const SPEC: Spec = Spec {
         requests_waiting: &["tgi_queue_size"],
         requests_running: &["tgi_batch_current_size"],
     }),
+    info: Some(InfoEndpoint {
+        path: "/info",
+        version: "/version",
+        // The router's effective limits (the batch budget is computed
+        // from the GPU's memory when not given).
+        settings: &[
+            ("max_batch_total_tokens", "/max_batch_total_tokens"),
+            ("max_batch_prefill_tokens", "/max_batch_prefill_tokens"),
+            ("max_concurrent_requests", "/max_concurrent_requests"),
+            ("max_input_tokens", "/max_input_tokens"),
+            ("max_total_tokens", "/max_total_tokens"),
+            ("model_dtype", "/model_dtype"),
+        ],
+    }),
+    dist: None,
+    quiet_flags: &[
+        "--json-output",
+        "--otlp-endpoint",
+        "--otlp-service-name",
+        "--cors-allow-origin",
+    ],
 };

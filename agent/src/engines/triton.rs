@@ -1,7 +1,7 @@
 //! NVIDIA Triton Inference Server (`tritonserver`): the KServe v2
 //! `generate` / `generate_stream` extension over HTTP.
 
-use super::Spec;
+use super::{InfoEndpoint, Spec};
 
 pub(super) const SPEC: Spec = Spec {
     name: "triton",
@@ -11,4 +11,19 @@ pub(super) const SPEC: Spec = Spec {
     model_flags: None,
     // Its metrics (port 8002) carry no queue/KV names tokentap reads yet.
     metrics: None,
+    info: Some(InfoEndpoint {
+        path: "/v2",
+        version: "/version",
+        settings: &[],
+    }),
+    dist: None,
+    quiet_flags: &[
+        "--http-port",
+        "--grpc-port",
+        "--metrics-port",
+        "--log-verbose",
+        "--log-info",
+        "--log-warning",
+        "--log-error",
+    ],
 };

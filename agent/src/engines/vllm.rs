@@ -1,7 +1,7 @@
 //! vLLM (<https://github.com/vllm-project/vllm>): OpenAI-compatible server
 //! (`vllm serve MODEL`, `python -m vllm.entrypoints.openai.api_server`).
 
-use super::{MetricNames, ModelFlags, Spec};
+use super::{InfoEndpoint, MetricNames, ModelFlags, Spec};
 
 pub(super) const SPEC: Spec = Spec {
     name: "vllm",
@@ -21,4 +21,11 @@ pub(super) const SPEC: Spec = Spec {
         requests_waiting: &["vllm:num_requests_waiting"],
         requests_running: &["vllm:num_requests_running"],
     }),
+    info: Some(InfoEndpoint {
+        path: "/version",
+        version: "/version",
+        settings: &[],
+    }),
+    dist: Some("vllm"),
+    quiet_flags: &["--served-model-name-prefix"],
 };

@@ -90,7 +90,7 @@ fn flag_value<'a>(args: &'a [String], i: usize, flag: &str) -> Option<(&'a str, 
 /// The program's own arguments: after argv[0], and for a Python
 /// interpreter after its options and the script or `-m MODULE` (whose `-m`
 /// is not llama.cpp's).
-fn program_args(args: &[String]) -> &[String] {
+pub(crate) fn program_args(args: &[String]) -> &[String] {
     let Some(argv0) = args.first() else {
         return args;
     };
