@@ -62,6 +62,14 @@ pub struct RequestRecord {
     /// `TOKENTAP_MODEL_VERSION`), from the `ModelVersion` enricher; null
     /// when the serving process is unknown to the agent (e.g. in replay).
     pub model_version: Option<String>,
+    /// The engine's build (its version string): from its info endpoint,
+    /// else its installed package's metadata; null when neither says (or
+    /// the serving process is unknown to the agent).
+    pub engine_version: Option<String>,
+    /// The serving process's configuration, as a short version (12 hex):
+    /// its command-line flags that change serving (secrets never in it)
+    /// and the effective settings its info endpoint reports.
+    pub serving_config_version: Option<String>,
     pub request_model: Option<String>,
     pub response_model: Option<String>,
     pub stream: bool,

@@ -135,6 +135,7 @@ REQUEST_KEYS = {
     "gen_ai.response.model", "tokentap.stream", "tokentap.tenant",
     "tokentap.caller", "tokentap.request.type", "server.port",
     "tokentap.model.version", "error.type", "tokentap.role",
+    "tokentap.engine.version",
 }
 DEVICE_KEYS = {"hw.id", "hw.name", "hw.vendor", "hw.parent"}
 ENGINE_KEYS = {"gen_ai.provider.name", "tokentap.engine.pid"}

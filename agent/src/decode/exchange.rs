@@ -325,6 +325,8 @@ impl Exchange {
             provider: self.provider.map(|e| e.name().to_string()),
             // Identity of the serving process: an enricher's.
             model_version: None,
+            engine_version: None,
+            serving_config_version: None,
             request_model: self.request.model,
             response_model: self.response_model,
             stream: self.stream,

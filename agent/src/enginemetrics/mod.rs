@@ -13,6 +13,7 @@
 //! LLM request record (scrapes carry the own-traffic token,
 //! `crate::selftraffic`).
 
+pub mod info;
 pub mod instruments;
 pub mod prom;
 pub mod scrape;

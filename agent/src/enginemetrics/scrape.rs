@@ -213,8 +213,26 @@ impl Scraper {
         res
     }
 
+    /// The 200 body of `GET path` from the engine `pid` listening on
+    /// `port` (in its own network namespace), within the scraper's timeout:
+    /// an engine's info endpoint. Not counted in the scrape stats.
+    pub fn get(&mut self, pid: u32, port: u16, path: &str) -> Result<Vec<u8>, ScrapeError> {
+        let deadline = Instant::now() + self.timeout;
+        self.fetch_path(pid, port, path, deadline)
+    }
+
     /// The response body of `GET /metrics`, status 200.
     fn fetch(&mut self, pid: u32, port: u16, deadline: Instant) -> Result<Vec<u8>, ScrapeError> {
+        self.fetch_path(pid, port, "/metrics", deadline)
+    }
+
+    fn fetch_path(
+        &mut self,
+        pid: u32,
+        port: u16,
+        path: &str,
+        deadline: Instant,
+    ) -> Result<Vec<u8>, ScrapeError> {
         let their_ns = procfs::netns_inode(self.proc_root, pid).ok_or(ScrapeError::NoProcess)?;
         let dest = match self.listen_cache.get(&(pid, port)) {
             Some((dest, at)) if at.elapsed() < LISTEN_CACHE => *dest,
@@ -253,6 +271,7 @@ impl Scraper {
         };
         http_get(
             &mut stream,
+            path,
             dest,
             deadline,
             self.limits.max_body_bytes,
@@ -368,13 +387,14 @@ fn read_some(
 /// from chunked transfer when needed).
 fn http_get(
     stream: &mut TcpStream,
+    path: &str,
     dest: SocketAddr,
     deadline: Instant,
     max_body_bytes: usize,
     marker: &Marker,
 ) -> Result<Vec<u8>, ScrapeError> {
     let req = format!(
-        "GET /metrics HTTP/1.1\r\nHost: {dest}\r\nUser-Agent: tokentap\r\n{}: {}\r\n\
+        "GET {path} HTTP/1.1\r\nHost: {dest}\r\nUser-Agent: tokentap\r\n{}: {}\r\n\
          Accept: text/plain;version=0.0.4;q=1,*/*;q=0.1\r\nAccept-Encoding: identity\r\n\
          Connection: close\r\n\r\n",
         selftraffic::HEADER,

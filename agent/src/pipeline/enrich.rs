@@ -57,17 +57,23 @@ impl Enricher for Container {
     }
 }
 
-/// `model_version` from what targeting learnt about the serving process
-/// (computed there once per process, see `identity::model_version`); null
-/// for a process the agent does not know (a replay).
+/// `model_version`, `engine_version` and `serving_config_version` from
+/// what targeting (and the info task) learnt about the serving process
+/// (once per process, see `identity::{model_version, engine_info,
+/// serving_config}`); null for a process the agent does not know (a
+/// replay).
 pub struct ModelVersion;
 
 impl Enricher for ModelVersion {
     fn enrich(&mut self, r: &mut RequestRecord, node: &NodeState) {
-        r.model_version = node
-            .processes
-            .get(&r.pid)
-            .and_then(|p| p.model_version.clone());
+        let p = node.processes.get(&r.pid);
+        r.model_version = p.and_then(|p| p.model_version.clone());
+        // The engine's build and serving configuration: versioned apart
+        // from the model, learnt the same way (once per process).
+        r.engine_version = p.and_then(|p| p.engine_version.clone());
+        r.serving_config_version = p
+            .and_then(|p| p.serving_config.as_ref())
+            .map(|c| c.version.clone());
     }
 }
 

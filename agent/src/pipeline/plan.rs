@@ -174,6 +174,13 @@ pub struct RunFlags {
     /// each captured engine's port, when OTLP export is on).
     #[arg(long)]
     pub no_engine_metrics: bool,
+    /// Do not ask engines' own info endpoints (vLLM /version, TGI /info,
+    /// llama.cpp /props, …: one GET per engine process, from inside its
+    /// network namespace). Without them `engine_version` comes from the
+    /// engine's installed package metadata only, and the serving
+    /// configuration from its command line only.
+    #[arg(long)]
+    pub no_engine_info: bool,
     /// Do not sample GPUs (NVML).
     #[arg(long)]
     pub no_gpu: bool,
@@ -491,6 +498,8 @@ pub struct RunPlan {
     /// Scrape engines' /metrics at this interval (None: off, or no OTLP
     /// export to carry the values).
     pub engine_metrics: Option<Duration>,
+    /// Ask each engine process's info endpoint once (off: --no-engine-info).
+    pub engine_info: bool,
     pub identity: IdentityPlan,
     /// The config file's `[[request_type]]` rules (none without a file).
     pub request_types: Rules,
@@ -687,6 +696,7 @@ pub fn resolve(f: &RunFlags, env: &dyn Env) -> Result<RunPlan> {
         events: crate::timeline::Config::default(),
         gpu,
         engine_metrics,
+        engine_info: !f.no_engine_info,
         targeting,
         capture,
         requests_log: f.requests_log.clone(),

@@ -120,11 +120,19 @@ pub async fn run(plan: RunPlan) -> Result<()> {
     }
     let mut instruments: Vec<Box<dyn crate::stage::InstrumentSet>> = Vec::new();
     let mut side_tasks: Vec<Box<dyn Task>> = Vec::new();
-    if let Some(every) = plan.engine_metrics {
-        // The scrapes reach the engines' sockets, which are captured: they
-        // carry a token the decoder recognises, and are not LLM traffic.
-        let marker = crate::selftraffic::Marker::new();
+    // The scrapes and info requests reach the engines' sockets, which are
+    // captured: they carry a token the decoder recognises, and are not LLM
+    // traffic.
+    let marker = crate::selftraffic::Marker::new();
+    if plan.engine_metrics.is_some() || plan.engine_info {
         pipe = pipe.self_marker(marker.clone());
+    }
+    if plan.engine_info {
+        let task = crate::enginemetrics::info::EngineInfoTask::spawn(marker.clone())
+            .context("starting the engine-info thread")?;
+        side_tasks.push(Box::new(task));
+    }
+    if let Some(every) = plan.engine_metrics {
         let handle = crate::enginemetrics::scrape::spawn(every, marker)
             .context("starting the engine-metrics scraper thread")?;
         let states = SharedEngineStates::default();

@@ -28,7 +28,7 @@ use crate::{
     engines::Engine,
     event::SocketEvent,
     host::{discover, procfs},
-    identity::model_version,
+    identity::{engine_info, model_version, serving_config},
 };
 
 /// Full rescans while targets are alive (new replicas, new engines).
@@ -160,21 +160,34 @@ impl Targeter {
         let engine = discover::engine_of(&self.proc_root, pid);
         let mut listen_ports: Vec<u16> = listening(&self.proc_root, pid).into_iter().collect();
         listen_ports.sort_unstable();
+        // What is read once per process: kept for a target named again,
+        // a forked child's from its parent, else read now.
         let known = |p: u32| {
-            node.processes
-                .get(&p)
-                .map(|i| (i.model_version.clone(), i.model.clone()))
+            node.processes.get(&p).map(|i| ProcessInfo {
+                model_version: i.model_version.clone(),
+                model: i.model.clone(),
+                engine_version: i.engine_version.clone(),
+                serving_config: i.serving_config.clone(),
+                info_settled: i.info_settled,
+                ..ProcessInfo::default()
+            })
         };
-        let (model_version, model) = match version {
+        let facts = match version {
             Version::Keep => known(pid),
             Version::Inherit(parent) => known(parent),
             Version::Compute => None,
         }
-        .unwrap_or_else(|| {
-            (
-                model_version::of_process(&self.proc_root, pid, engine),
-                engine.and_then(|e| model_version::served_model(&self.proc_root, pid, e)),
-            )
+        .unwrap_or_else(|| ProcessInfo {
+            model_version: model_version::of_process(&self.proc_root, pid, engine),
+            model: engine.and_then(|e| model_version::served_model(&self.proc_root, pid, e)),
+            // The installed package's version until the engine's own info
+            // endpoint says (`enginemetrics::info`).
+            engine_version: engine
+                .and_then(|e| e.spec().dist)
+                .and_then(|d| engine_info::from_dist_info(&self.proc_root, pid, d)),
+            serving_config: serving_config::of_process(&self.proc_root, pid, engine),
+            info_settled: false,
+            ..ProcessInfo::default()
         });
         node.processes.insert(
             pid,
@@ -186,8 +199,7 @@ impl Targeter {
                 engine,
                 listen_ports,
                 container: procfs::container_identity(&self.proc_root, pid),
-                model_version,
-                model,
+                ..facts
             },
         );
         engine

@@ -108,6 +108,15 @@ pub struct ProcessInfo {
     /// The served model as its command line names it (first served name,
     /// else first model path): what timeline events call the engine's model.
     pub model: Option<String>,
+    /// Its build (`identity::engine_info`): the installed package's
+    /// version, replaced by what its info endpoint says once fetched.
+    pub engine_version: Option<String>,
+    /// Its serving parameters (`identity::serving_config`): the command
+    /// line's, plus the info endpoint's effective settings once fetched.
+    pub serving_config: Option<crate::identity::serving_config::ServingConfig>,
+    /// The info endpoint was asked (answered, or gave up): the version and
+    /// configuration are final for this process.
+    pub info_settled: bool,
 }
 
 /// Engine pid → (`gen_ai.provider.name`, model) as the OTLP sink's records

@@ -483,6 +483,10 @@ impl AttributeMap {
                 self.capped(CapKey::ModelVersion, Some(v)),
             ));
         }
+        // The engine's build, when known (a handful of values per node).
+        if let Some(v) = r.engine_version.as_deref() {
+            attrs.push(KeyValue::new("tokentap.engine.version", v.to_string()));
+        }
         if let Some(e) = r.error_type {
             attrs.push(KeyValue::new("error.type", e.as_str()));
         }
