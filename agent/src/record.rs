@@ -28,6 +28,12 @@ pub struct RequestRecord {
     pub container_id: Option<String>,
     /// `k8s.pod.uid` of the engine's pod, from its cgroup path.
     pub k8s_pod_uid: Option<String>,
+    /// The engine container's image as its pod's status names it
+    /// (`container.image.name`, with its tag) and the image's id there
+    /// (`oci.manifest.digest`: the digest the runtime pulled); with
+    /// `--kube-metadata` only, else null.
+    pub container_image: Option<String>,
+    pub container_image_id: Option<String>,
     /// The engine pod's name and namespace, from the Kubernetes API with
     /// `--kube-metadata`; null without it, or until the API has answered.
     pub k8s_pod_name: Option<String>,

@@ -324,6 +324,8 @@ impl Exchange {
             operation: self.format.operation(),
             provider: self.provider.map(|e| e.name().to_string()),
             // Identity of the serving process: an enricher's.
+            container_image: None,
+            container_image_id: None,
             model_version: None,
             engine_version: None,
             serving_config_version: None,

@@ -117,7 +117,8 @@ pub struct InfoEndpoint {
     /// JSON pointer (RFC 6901) of its version string.
     pub version: &'static str,
     /// Effective serving settings it reports: (name in the serving
-    /// configuration, JSON pointer).
+    /// configuration, JSON pointer); for a name listed twice (renamed
+    /// across versions), the first present wins.
     pub settings: &'static [(&'static str, &'static str)],
 }
 

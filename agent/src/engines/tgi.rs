@@ -34,6 +34,8 @@ pub(super) const SPEC: Spec = Spec {
             ("max_batch_prefill_tokens", "/max_batch_prefill_tokens"),
             ("max_concurrent_requests", "/max_concurrent_requests"),
             ("max_input_tokens", "/max_input_tokens"),
+            // Before TGI 2.0.
+            ("max_input_tokens", "/max_input_length"),
             ("max_total_tokens", "/max_total_tokens"),
             ("model_dtype", "/model_dtype"),
         ],

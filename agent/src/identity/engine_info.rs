@@ -53,13 +53,18 @@ pub fn parse(engine: Engine, body: &[u8]) -> Option<EngineInfo> {
     if !v.is_object() {
         return None;
     }
+    let mut settings = BTreeMap::new();
+    for (name, ptr) in ep.settings {
+        if settings.contains_key(*name) {
+            continue;
+        }
+        if let Some(t) = v.pointer(ptr).and_then(text) {
+            settings.insert(name.to_string(), t);
+        }
+    }
     let info = EngineInfo {
         version: v.pointer(ep.version).and_then(text),
-        settings: ep
-            .settings
-            .iter()
-            .filter_map(|(name, ptr)| Some((name.to_string(), text(v.pointer(ptr)?)?)))
-            .collect(),
+        settings,
     };
     (info.version.is_some() || !info.settings.is_empty()).then_some(info)
 }

@@ -14,6 +14,9 @@ pub mod kind {
     pub const MODEL_VERSION_NEW: &str = "model_version.new";
     pub const MODEL_VERSION_ROLLOUT: &str = "model_version.rollout";
     pub const MODEL_VERSION_ROLLBACK: &str = "model_version.rollback";
+    pub const ENGINE_VERSION_CHANGE: &str = "engine.version.change";
+    pub const ENGINE_CONFIG_CHANGE: &str = "engine.config.change";
+    pub const ENGINE_IMAGE_CHANGE: &str = "engine.image.change";
     pub const CALLER_NEW: &str = "caller.new";
     pub const CALLER_SURGE: &str = "caller.surge";
     pub const CALLER_ERROR_BURST: &str = "caller.error_burst";
@@ -25,12 +28,15 @@ pub mod kind {
     /// The events over the log's ceiling in a minute, counted by kind.
     pub const EVENTS_FOLDED: &str = "events.folded";
     /// Every kind, in the order docs/metrics.md lists them.
-    pub const ALL: [&str; 14] = [
+    pub const ALL: [&str; 17] = [
         ENGINE_START,
         ENGINE_STOP,
         MODEL_VERSION_NEW,
         MODEL_VERSION_ROLLOUT,
         MODEL_VERSION_ROLLBACK,
+        ENGINE_VERSION_CHANGE,
+        ENGINE_CONFIG_CHANGE,
+        ENGINE_IMAGE_CHANGE,
         CALLER_NEW,
         CALLER_SURGE,
         CALLER_ERROR_BURST,

@@ -17,6 +17,24 @@ pub struct Engines {
     /// The first tick has run (engines found then were already running
     /// when the agent started).
     primed: bool,
+    /// Engine processes whose build and configuration were compared.
+    compared: HashSet<u32>,
+    /// The last build and configuration (final ones: `info_settled`) per
+    /// served model on the node (`engine/model`).
+    environment: HashMap<String, Environment>,
+    /// The last container image per served model (from records).
+    images: HashMap<String, String>,
+}
+
+struct Environment {
+    version: Option<String>,
+    config: Option<crate::identity::serving_config::ServingConfig>,
+    pid: u32,
+}
+
+/// What "one served model on the node" is keyed by.
+fn served_key(engine: Option<&str>, model: Option<&str>) -> String {
+    format!("{}/{}", engine.unwrap_or("engine"), model.unwrap_or("?"))
 }
 
 fn engine_event(k: &'static str, ts: u64, pid: u32, p: &ProcessInfo, what: &str) -> Event {
@@ -83,6 +101,19 @@ impl Engines {
             );
             self.known.insert(pid, p);
         }
+        // Engine processes whose build and configuration are final now:
+        // against the last ones of the model they serve.
+        let mut settled: Vec<u32> = serving
+            .iter()
+            .copied()
+            .filter(|pid| !self.compared.contains(pid) && node.processes[pid].info_settled)
+            .collect();
+        settled.sort_unstable();
+        for pid in settled {
+            self.compared.insert(pid);
+            self.environment_of(now_ns, pid, &node.processes[&pid], out);
+        }
+        self.compared.retain(|p| serving.contains(p));
         // A process that stayed but changed (exec'd into another model).
         for pid in serving {
             if let (Some(old), Some(new)) = (self.known.get_mut(&pid), node.processes.get(&pid)) {
@@ -94,6 +125,161 @@ impl Engines {
         self.primed = true;
     }
 }
+
+impl Engines {
+    /// `engine.version.change` / `engine.config.change` when the process
+    /// `pid` serves its model with another build or configuration than the
+    /// last process that served it on this node (the first one sets what
+    /// later ones are compared with). Never a model version event: the
+    /// model version leaves both out.
+    fn environment_of(&mut self, ts: u64, pid: u32, p: &ProcessInfo, out: &mut Vec<Event>) {
+        let engine = p.engine.map(|e| e.name());
+        let key = served_key(engine, p.model.as_deref());
+        let new = Environment {
+            version: p.engine_version.clone(),
+            config: p.serving_config.clone(),
+            pid,
+        };
+        let Some(old) = self.environment.get(&key) else {
+            if self.environment.len() < MAX_SERVED {
+                self.environment.insert(key, new);
+            }
+            return;
+        };
+        let shown = p.model.as_deref().unwrap_or("?");
+        let name = engine.unwrap_or("engine");
+        let base = |k: &'static str, msg: String| {
+            Event::new(ts, k, msg)
+                .with("gen_ai.provider.name", engine)
+                .with("gen_ai.request.model", p.model.clone())
+                .with("tokentap.model.version", p.model_version.clone())
+                .with("tokentap.engine.version", p.engine_version.clone())
+                .with(
+                    "tokentap.serving_config.version",
+                    p.serving_config.as_ref().map(|c| c.version.clone()),
+                )
+                .with("process.pid", pid)
+                .with("process.pid.previous", old.pid)
+                .with("container.id", p.container.as_ref().map(|c| c.id.clone()))
+                .with(
+                    "k8s.pod.uid",
+                    p.container.as_ref().and_then(|c| c.pod_uid.clone()),
+                )
+        };
+        if let (Some(a), Some(b)) = (&old.version, &new.version) {
+            if a != b {
+                out.push(
+                    base(
+                        kind::ENGINE_VERSION_CHANGE,
+                        format!("{name} serving {shown}: build {a} → {b} (pid {pid})"),
+                    )
+                    .with("tokentap.engine.version.previous", a.clone()),
+                );
+            }
+        }
+        if let (Some(a), Some(b)) = (&old.config, &new.config) {
+            if a.version != b.version {
+                let changes = crate::identity::serving_config::changes(&a.params, &b.params);
+                let said: Vec<String> = changes
+                    .iter()
+                    .map(|(k, o, n)| {
+                        format!(
+                            "{k} {} → {}",
+                            o.as_deref().unwrap_or("(unset)"),
+                            n.as_deref().unwrap_or("(unset)")
+                        )
+                    })
+                    .collect();
+                let side =
+                    |pick: fn(&(String, Option<String>, Option<String>)) -> &Option<String>| {
+                        serde_json::Value::Object(
+                            changes
+                                .iter()
+                                .filter_map(|c| Some((c.0.clone(), pick(c).clone()?.into())))
+                                .collect(),
+                        )
+                    };
+                out.push(
+                    base(
+                        kind::ENGINE_CONFIG_CHANGE,
+                        format!(
+                            "{name} serving {shown}: serving configuration {} → {}: {} (pid {pid})",
+                            a.version,
+                            b.version,
+                            said.join(", ")
+                        ),
+                    )
+                    .with(
+                        "tokentap.serving_config.version.previous",
+                        a.version.clone(),
+                    )
+                    .with(
+                        "changed",
+                        changes.iter().map(|c| c.0.clone()).collect::<Vec<_>>(),
+                    )
+                    .with("previous", side(|c| &c.1))
+                    .with("current", side(|c| &c.2)),
+                );
+            }
+        }
+        // What is known replaces what was (an unknown build keeps the last
+        // known one to compare with).
+        let slot = self.environment.get_mut(&key).expect("present");
+        if new.version.is_some() {
+            slot.version = new.version;
+        }
+        if new.config.is_some() {
+            slot.config = new.config;
+        }
+        slot.pid = pid;
+    }
+
+    /// `engine.image.change`: a record of a served model from a container
+    /// whose image (the pod's status, `--kube-metadata`) differs from the
+    /// last one seen serving it.
+    pub fn on_record(&mut self, f: &Finished, t: u64, out: &mut Vec<Event>) {
+        let Some(image) = f.container_image.as_deref() else {
+            return;
+        };
+        let id = f.container_image_id.as_deref().unwrap_or(image);
+        let model = f.response_model.as_deref().or(f.request_model.as_deref());
+        let key = served_key(f.provider.as_deref(), model);
+        match self.images.get(&key) {
+            Some(last) if last == id => {}
+            Some(last) => {
+                let previous = last.clone();
+                out.push(
+                    Event::new(
+                        t,
+                        kind::ENGINE_IMAGE_CHANGE,
+                        format!(
+                            "{} serving {}: image {image} ({id}), was {previous}",
+                            f.provider.as_deref().unwrap_or("engine"),
+                            model.unwrap_or("?")
+                        ),
+                    )
+                    .with("gen_ai.provider.name", f.provider.clone())
+                    .with("gen_ai.request.model", model)
+                    .with("container.image.name", image)
+                    .with("oci.manifest.digest", f.container_image_id.clone())
+                    .with("container.image.id.previous", previous)
+                    .with("process.pid", f.pid)
+                    .with("container.id", f.container_id.clone())
+                    .with("k8s.pod.name", f.k8s_pod_name.clone())
+                    .with("k8s.namespace.name", f.k8s_namespace.clone()),
+                );
+                self.images.insert(key, id.to_string());
+            }
+            None if self.images.len() < MAX_SERVED => {
+                self.images.insert(key, id.to_string());
+            }
+            None => {}
+        }
+    }
+}
+
+/// Served models whose build, configuration and image are kept at most.
+const MAX_SERVED: usize = 1024;
 
 struct VersionState {
     last_seen_ns: u64,

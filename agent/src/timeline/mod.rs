@@ -164,6 +164,7 @@ impl Timeline {
         let end = f.t0_ns + (f.duration_s.unwrap_or(0.0) * 1e9) as u64;
         self.advance(end, None, out);
         self.models.on_record(f, end, out);
+        self.engines.on_record(f, end, out);
         self.callers.on_record(f, end, out);
         if self.callers.names(f) {
             self.drift.on_record(f, end, out);
