@@ -198,12 +198,12 @@ pub fn of_process(proc_root: &Path, pid: u32, engine: Option<Engine>) -> Option<
     Some(ServingConfig::new(params_from_args(engine, &args)))
 }
 
-/// What changed from `old` to `new`: (key, old value, new value), sorted by
-/// key; a key only one side has is `None` on the other.
-pub fn changes(
-    old: &BTreeMap<String, String>,
-    new: &BTreeMap<String, String>,
-) -> Vec<(String, Option<String>, Option<String>)> {
+/// One changed parameter: (key, old value, new value); a key only one side
+/// has is `None` on the other.
+pub type Change = (String, Option<String>, Option<String>);
+
+/// What changed from `old` to `new`, sorted by key.
+pub fn changes(old: &BTreeMap<String, String>, new: &BTreeMap<String, String>) -> Vec<Change> {
     let mut keys: Vec<&String> = old.keys().chain(new.keys()).collect();
     keys.sort();
     keys.dedup();

@@ -191,7 +191,7 @@ impl Engines {
                     })
                     .collect();
                 let side =
-                    |pick: fn(&(String, Option<String>, Option<String>)) -> &Option<String>| {
+                    |pick: fn(&crate::identity::serving_config::Change) -> &Option<String>| {
                         serde_json::Value::Object(
                             changes
                                 .iter()
