@@ -59,6 +59,27 @@ pub struct PodMeta {
     pub name: String,
     pub namespace: String,
     pub labels: BTreeMap<String, String>,
+    /// Its containers' images from its status: container id (the
+    /// runtime's, without its `containerd://` scheme) → (image as the pod
+    /// names it, image id the runtime reports).
+    pub images: BTreeMap<String, (String, String)>,
+}
+
+/// `oci.manifest.digest` of a runtime's image id
+/// (`docker.io/vllm/vllm-openai@sha256:…` → `sha256:…`; an id that is a
+/// bare digest stays as it is).
+pub fn image_digest(image_id: &str) -> &str {
+    image_id.rsplit_once('@').map_or(image_id, |(_, d)| d)
+}
+
+/// An image reference's name and tag (`vllm/vllm-openai:v0.6.1` →
+/// (`vllm/vllm-openai`, `v0.6.1`); a port in the registry is no tag).
+pub fn image_name_tag(image: &str) -> (&str, Option<&str>) {
+    let image = image.split_once('@').map_or(image, |(n, _)| n);
+    match image.rsplit_once(':') {
+        Some((n, t)) if !t.contains('/') => (n, Some(t)),
+        _ => (image, None),
+    }
 }
 
 impl PodMeta {
@@ -121,6 +142,16 @@ fn summarise(p: &Pod) -> Option<(String, PodMeta, Vec<IpAddr>)> {
         name: p.metadata.name.clone()?,
         namespace: p.metadata.namespace.clone().unwrap_or_default(),
         labels: p.metadata.labels.clone().unwrap_or_default(),
+        images: p
+            .status
+            .iter()
+            .flat_map(|st| st.container_statuses.iter().flatten())
+            .filter_map(|c| {
+                let id = c.container_id.as_deref()?;
+                let id = id.split_once("://").map_or(id, |(_, id)| id);
+                Some((id.to_string(), (c.image.clone(), c.image_id.clone())))
+            })
+            .collect(),
     };
     let host_network = p
         .spec
@@ -324,6 +355,31 @@ mod tests {
                 ..Default::default()
             }),
         }
+    }
+
+    #[test]
+    fn a_pods_container_images_are_kept_by_container_id() {
+        use k8s_openapi::api::core::v1::ContainerStatus;
+        let mut p = pod("u1", "engine-a", Some("10.0.0.5"), false);
+        p.status.as_mut().unwrap().container_statuses = Some(vec![ContainerStatus {
+            name: "vllm".into(),
+            container_id: Some("containerd://0123abcd".into()),
+            image: "docker.io/vllm/vllm-openai:v0.6.1".into(),
+            image_id: "docker.io/vllm/vllm-openai@sha256:feed".into(),
+            ..Default::default()
+        }]);
+        let (_, meta, _) = summarise(&p).unwrap();
+        let (image, id) = &meta.images["0123abcd"];
+        assert_eq!(
+            image_name_tag(image),
+            ("docker.io/vllm/vllm-openai", Some("v0.6.1"))
+        );
+        assert_eq!(image_digest(id), "sha256:feed");
+        assert_eq!(
+            image_name_tag("registry:5000/engine"),
+            ("registry:5000/engine", None)
+        );
+        assert_eq!(image_name_tag("engine@sha256:ab"), ("engine", None));
     }
 
     #[test]

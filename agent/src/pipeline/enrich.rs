@@ -90,6 +90,11 @@ impl Enricher for KubePods {
         if let Some(pod) = r.k8s_pod_uid.as_deref().and_then(|u| self.0.pod(u)) {
             r.k8s_pod_name = Some(pod.name.clone());
             r.k8s_namespace = Some(pod.namespace.clone());
+            // The engine container's image, from the pod's status.
+            if let Some((image, id)) = r.container_id.as_deref().and_then(|c| pod.images.get(c)) {
+                r.container_image = Some(image.clone());
+                r.container_image_id = (!id.is_empty()).then(|| kube::image_digest(id).to_string());
+            }
             if let Some(v) = pod.labels.get(kube::MODEL_VERSION_LABEL) {
                 if !v.is_empty() {
                     r.model_version = Some(v.clone());

@@ -1005,6 +1005,21 @@ impl Metrics {
             if let Some(n) = &r.k8s_namespace {
                 extra.push(KeyValue::new("k8s.namespace.name", n.clone()));
             }
+            if let Some(image) = &r.container_image {
+                let (name, tag) = crate::host::kube::image_name_tag(image);
+                extra.push(KeyValue::new("container.image.name", name.to_string()));
+                if let Some(t) = tag {
+                    extra.push(KeyValue::new(
+                        "container.image.tags",
+                        opentelemetry::Value::Array(
+                            vec![opentelemetry::StringValue::from(t.to_string())].into(),
+                        ),
+                    ));
+                }
+            }
+            if let Some(d) = &r.container_image_id {
+                extra.push(KeyValue::new("oci.manifest.digest", d.clone()));
+            }
             match build_provider(&self.cfg, &self.collector, &self.health, &extra) {
                 Ok(p) => {
                     let ri = RequestInstruments::new(&p.meter("tokentap"));
