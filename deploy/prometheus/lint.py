@@ -107,6 +107,7 @@ INSTRUMENTS: dict[str, tuple[str, str]] = {
     "tokentap.engine.kv_cache.usage": ("gauge", "1"),
     "tokentap.engine.requests.waiting": ("gauge", "{request}"),
     "tokentap.engine.requests.running": ("gauge", "{request}"),
+    "tokentap.engine.info": ("gauge", "1"),
     # agent/src/gpu/instruments.rs: devices
     "hw.gpu.utilization": ("gauge", "1"),
     "hw.gpu.memory.utilization": ("gauge", "1"),
@@ -162,6 +163,9 @@ ATTRIBUTES: dict[str, set[str]] = {
     "tokentap.engine.kv_cache.usage": ENGINE_KEYS | {"server.port"},
     "tokentap.engine.requests.waiting": ENGINE_KEYS | {"server.port"},
     "tokentap.engine.requests.running": ENGINE_KEYS | {"server.port"},
+    "tokentap.engine.info": ENGINE_KEYS | {"gen_ai.request.model", "tokentap.model.version",
+                                           "tokentap.engine.version",
+                                           "tokentap.serving_config.version"},
     "hw.gpu.utilization": DEVICE_KEYS | {"hw.gpu.task"},
     "hw.gpu.memory.utilization": DEVICE_KEYS,
     "hw.power": DEVICE_KEYS | {"hw.type"},

@@ -53,11 +53,75 @@ pub struct EngineInfoTask {
     shared: Arc<(Mutex<Shared>, Condvar)>,
     thread: Option<JoinHandle<()>>,
     asked: HashMap<u32, Asked>,
+    /// Ask the endpoints (off: `--no-engine-info`; the facts from /proc
+    /// are then final at once).
+    ask: bool,
+    published: SharedEngineInfo,
+}
+
+/// One engine process as `tokentap.engine.info` shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EngineFacts {
+    pub engine: String,
+    pub model: Option<String>,
+    pub model_version: Option<String>,
+    pub engine_version: Option<String>,
+    pub serving_config_version: Option<String>,
+}
+
+/// Engine pid → its facts, for the `tokentap.engine.info` gauge.
+pub type SharedEngineInfo = Arc<Mutex<HashMap<u32, EngineFacts>>>;
+
+/// `tokentap.engine.info`: 1 per serving engine process, its build,
+/// serving configuration and model versions as attributes (a dashboard
+/// overlays them; a change is a new series).
+pub struct EngineInfoInstruments(pub SharedEngineInfo);
+
+impl crate::stage::InstrumentSet for EngineInfoInstruments {
+    fn register(
+        &self,
+        meter: &opentelemetry::metrics::Meter,
+        _engines: &crate::stage::EngineNames,
+    ) -> Box<dyn std::any::Any + Send> {
+        use opentelemetry::KeyValue;
+        let st = self.0.clone();
+        let _ = meter
+            .u64_observable_gauge("tokentap.engine.info")
+            .with_unit("1")
+            .with_description(
+                "1 per serving engine process: its build, serving configuration and model versions",
+            )
+            .with_callback(move |o| {
+                let st = st.lock().unwrap_or_else(|p| p.into_inner());
+                for (pid, f) in st.iter() {
+                    let mut a = vec![
+                        KeyValue::new("gen_ai.provider.name", f.engine.clone()),
+                        KeyValue::new("tokentap.engine.pid", *pid as i64),
+                    ];
+                    if let Some(v) = &f.model {
+                        a.push(KeyValue::new("gen_ai.request.model", v.clone()));
+                    }
+                    if let Some(v) = &f.model_version {
+                        a.push(KeyValue::new("tokentap.model.version", v.clone()));
+                    }
+                    if let Some(v) = &f.engine_version {
+                        a.push(KeyValue::new("tokentap.engine.version", v.clone()));
+                    }
+                    if let Some(v) = &f.serving_config_version {
+                        a.push(KeyValue::new("tokentap.serving_config.version", v.clone()));
+                    }
+                    o.observe(1, &a);
+                }
+            })
+            .build();
+        Box::new(())
+    }
 }
 
 impl EngineInfoTask {
-    /// Starts the asking thread; its requests carry `marker`.
-    pub fn spawn(marker: Marker) -> std::io::Result<Self> {
+    /// Starts the asking thread (when `ask`); its requests carry
+    /// `marker`. What it learns is published in `published`.
+    pub fn spawn(marker: Marker, ask: bool, published: SharedEngineInfo) -> std::io::Result<Self> {
         let shared: Arc<(Mutex<Shared>, Condvar)> = Arc::default();
         let sh = shared.clone();
         let mut scraper = Scraper::new(super::scrape::DEFAULT_TIMEOUT, marker);
@@ -97,6 +161,8 @@ impl EngineInfoTask {
             shared,
             thread: Some(thread),
             asked: HashMap::new(),
+            ask,
+            published,
         })
     }
 }
@@ -147,7 +213,7 @@ impl Task for EngineInfoTask {
             if p.info_settled || p.listen_ports.is_empty() || cx.node.gateways.contains(&pid) {
                 continue;
             }
-            let Some(engine) = p.engine.filter(|e| e.spec().info.is_some()) else {
+            let Some(engine) = p.engine.filter(|e| self.ask && e.spec().info.is_some()) else {
                 // Nothing to ask: the facts read from /proc are final.
                 p.info_settled = true;
                 continue;
@@ -167,6 +233,27 @@ impl Task for EngineInfoTask {
         }
         let procs = &cx.node.processes;
         self.asked.retain(|pid, _| procs.contains_key(pid));
+        let serving = cx.node.serving_pids();
+        let facts: HashMap<u32, EngineFacts> = serving
+            .into_iter()
+            .filter_map(|pid| {
+                let p = &procs[&pid];
+                Some((
+                    pid,
+                    EngineFacts {
+                        engine: p.engine?.name().to_string(),
+                        model: p.model.clone(),
+                        model_version: p.model_version.clone(),
+                        engine_version: p.engine_version.clone(),
+                        serving_config_version: p
+                            .serving_config
+                            .as_ref()
+                            .map(|c| c.version.clone()),
+                    },
+                ))
+            })
+            .collect();
+        *self.published.lock().unwrap_or_else(|p| p.into_inner()) = facts;
         if !ask.is_empty() {
             let (m, cv) = &*self.shared;
             m.lock()

@@ -127,10 +127,18 @@ pub async fn run(plan: RunPlan) -> Result<()> {
     if plan.engine_metrics.is_some() || plan.engine_info {
         pipe = pipe.self_marker(marker.clone());
     }
-    if plan.engine_info {
-        let task = crate::enginemetrics::info::EngineInfoTask::spawn(marker.clone())
-            .context("starting the engine-info thread")?;
+    {
+        let published = crate::enginemetrics::info::SharedEngineInfo::default();
+        let task = crate::enginemetrics::info::EngineInfoTask::spawn(
+            marker.clone(),
+            plan.engine_info,
+            published.clone(),
+        )
+        .context("starting the engine-info thread")?;
         side_tasks.push(Box::new(task));
+        instruments.push(Box::new(crate::enginemetrics::info::EngineInfoInstruments(
+            published,
+        )));
     }
     if let Some(every) = plan.engine_metrics {
         let handle = crate::enginemetrics::scrape::spawn(every, marker)

@@ -154,10 +154,7 @@ impl Engines {
                 .with("gen_ai.request.model", p.model.clone())
                 .with("tokentap.model.version", p.model_version.clone())
                 .with("tokentap.engine.version", p.engine_version.clone())
-                .with(
-                    "tokentap.serving_config.version",
-                    p.serving_config.as_ref().map(|c| c.version.clone()),
-                )
+                .with(CONFIG, p.serving_config.as_ref().map(|c| c.version.clone()))
                 .with("process.pid", pid)
                 .with("process.pid.previous", old.pid)
                 .with("container.id", p.container.as_ref().map(|c| c.id.clone()))
@@ -209,10 +206,7 @@ impl Engines {
                             said.join(", ")
                         ),
                     )
-                    .with(
-                        "tokentap.serving_config.version.previous",
-                        a.version.clone(),
-                    )
+                    .with(PREVIOUS_CONFIG, a.version.clone())
                     .with(
                         "changed",
                         changes.iter().map(|c| c.0.clone()).collect::<Vec<_>>(),
@@ -277,6 +271,11 @@ impl Engines {
         }
     }
 }
+
+/// The event attributes naming the serving configuration's version, and
+/// the one a change replaced.
+const CONFIG: &str = "tokentap.serving_config.version";
+const PREVIOUS_CONFIG: &str = "tokentap.serving_config.version.previous";
 
 /// Served models whose build, configuration and image are kept at most.
 const MAX_SERVED: usize = 1024;
