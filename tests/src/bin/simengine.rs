@@ -9,7 +9,9 @@
 //! `GET /metrics` answers a Prometheus exposition in llama.cpp server's
 //! names (`llamacpp:requests_processing` = requests being answered now);
 //! `GET /health` (`/healthz`, `/ready`, `/ping`) and `GET /v1/models`
-//! answer as engines do; any other `GET` is a 404.
+//! answer as engines do; `GET /version` answers vLLM's `{"version": …}`
+//! with `SIMENGINE_VERSION` from the environment when it is set; any other
+//! `GET` is a 404.
 //! `"tool_call": true` streams tool-call deltas instead of content.
 //! `prompt_tokens` is what the usage report says the prompt had (default
 //! 5); `queue_ms_per_inflight` adds that many ms to the time to first token
@@ -185,6 +187,12 @@ fn serve(stream: TcpStream, truth: Arc<Mutex<Option<std::fs::File>>>) {
                     "application/json",
                     &json!({"object": "list", "data": [{"id": "sim", "object": "model", "owned_by": "simengine"}]}).to_string(),
                 ),
+                // vLLM's `/version`, when the environment names a build
+                // (`SIMENGINE_VERSION`): how the agent learns the engine's.
+                "/version" => match std::env::var("SIMENGINE_VERSION") {
+                    Ok(v) => http::response(200, "application/json", &json!({"version": v}).to_string()),
+                    Err(_) => http::response(404, "application/json", "{\"error\":\"not found\"}"),
+                },
                 _ => http::response(404, "application/json", "{\"error\":\"not found\"}"),
             };
             if !sys_write(fd, r.as_bytes(), "write") {
