@@ -107,7 +107,7 @@ INSTRUMENTS: dict[str, tuple[str, str]] = {
     "tokentap.engine.kv_cache.usage": ("gauge", "1"),
     "tokentap.engine.requests.waiting": ("gauge", "{request}"),
     "tokentap.engine.requests.running": ("gauge", "{request}"),
-    "tokentap.engine.info": ("gauge", "1"),
+    "tokentap.engine.info": ("gauge", ""),
     # agent/src/gpu/instruments.rs: devices
     "hw.gpu.utilization": ("gauge", "1"),
     "hw.gpu.memory.utilization": ("gauge", "1"),
@@ -208,7 +208,8 @@ LABEL_VALUES = {
     "tokentap_stream": {"true", "false"},
     "hw_type": {"gpu"},
     # timeline::kind::ALL
-    "tokentap_event_kind": {"engine.start", "engine.stop", "model_version.new",
+    "tokentap_event_kind": {"engine.start", "engine.stop", "engine.version.change",
+                            "engine.config.change", "engine.image.change", "model_version.new",
                             "model_version.rollout", "model_version.rollback", "caller.new",
                             "caller.surge", "caller.error_burst", "caller.retry_storm",
                             "tokens.drift", "gpu.throttle.start", "gpu.throttle.stop",

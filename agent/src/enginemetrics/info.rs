@@ -87,7 +87,8 @@ impl crate::stage::InstrumentSet for EngineInfoInstruments {
         let st = self.0.clone();
         let _ = meter
             .u64_observable_gauge("tokentap.engine.info")
-            .with_unit("1")
+            // No unit: an info gauge (Prometheus `tokentap_engine_info`).
+            .with_unit("")
             .with_description(
                 "1 per serving engine process: its build, serving configuration and model versions",
             )
