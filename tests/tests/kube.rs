@@ -146,7 +146,9 @@ fn pods_are_named_from_a_node_scoped_watch_once_the_api_answers() {
             .args(["--kube-node", "node-a"])
             .args(["--pid", &engine.0.id().to_string()])
             .arg("--requests-log")
-            .arg(&log),
+            .arg(&log)
+            .arg("--events-log")
+            .arg(dir.join("events.jsonl")),
         "; ready",
         "tokentap run",
     );
@@ -174,17 +176,26 @@ fn pods_are_named_from_a_node_scoped_watch_once_the_api_answers() {
     // The API comes up with this node's pods (the engine, a local caller)
     // and a pod of another node at the second caller's address.
     let api = FakeKube::start(api_port);
-    let engine_pod = |version: &str| {
-        pod(
+    // The engine container's status names its image (what the runtime
+    // pulled: the digest).
+    let engine_pod = |version: &str, digest: &str| {
+        let mut p = pod(
             POD_UID,
             "ml",
             "llm-a-0",
             "node-a",
             &ns.ns_addr,
             json!({"app": "llm", "tokentap.io/model-version": version}),
-        )
+        );
+        p["status"]["containerStatuses"] = json!([{
+            "name": "main", "ready": true, "restartCount": 0,
+            "containerID": format!("containerd://{CONTAINER}"),
+            "image": "registry.local:5000/llm/engine:v1",
+            "imageID": format!("registry.local:5000/llm/engine@sha256:{digest}"),
+        }]);
+        p
     };
-    api.put(engine_pod("rel-7"));
+    api.put(engine_pod("rel-7", "aaaa"));
     api.put(pod(
         "c0ffee00-0000-4000-8000-000000000001",
         "ml",
@@ -211,6 +222,12 @@ fn pods_are_named_from_a_node_scoped_watch_once_the_api_answers() {
     assert_eq!(named["k8s_namespace"], json!("ml"), "{named}");
     assert_eq!(named["caller"], json!("ml/client-0"), "{named}");
     assert_eq!(named["model_version"], json!("rel-7"), "the pod label wins");
+    assert_eq!(
+        named["container_image"],
+        json!("registry.local:5000/llm/engine:v1"),
+        "{named}"
+    );
+    assert_eq!(named["container_image_id"], json!("sha256:aaaa"), "{named}");
 
     // A caller on another node: its IP at first, its pod after a lookup.
     let mut remote = connect_from(&rt, &remote_ip, &ns.ns_addr, port);
@@ -235,15 +252,18 @@ fn pods_are_named_from_a_node_scoped_watch_once_the_api_answers() {
         "the remote caller's pod name",
     );
 
-    // Label changed (a rollout tool relabels): later records follow.
-    api.put(engine_pod("rel-8"));
-    until(
+    // Label changed (a rollout tool relabels): later records follow. The
+    // same tag, re-pushed and pulled again: another digest, an image
+    // change on the timeline.
+    api.put(engine_pod("rel-8", "bbbb"));
+    let relabelled = until(
         &log,
         Duration::from_secs(10),
         &mut from_local,
         |r| r["model_version"] == json!("rel-8"),
         "the updated label",
     );
+    assert_eq!(relabelled["container_image_id"], json!("sha256:bbbb"));
     // Pod deleted from the API: names go, the fingerprint comes back.
     api.delete(POD_UID);
     let gone = until(
@@ -258,6 +278,19 @@ fn pods_are_named_from_a_node_scoped_watch_once_the_api_answers() {
 
     let (ok, lines) = interrupt(&mut agent, aout);
     assert!(ok, "{lines:?}");
+    let images: Vec<Value> = read_jsonl(&dir.join("events.jsonl"))
+        .into_iter()
+        .filter(|e| e["kind"] == "engine.image.change")
+        .collect();
+    assert_eq!(images.len(), 1, "{images:#?}");
+    assert_eq!(
+        images[0]["attributes"]["oci.manifest.digest"],
+        json!("sha256:bbbb")
+    );
+    assert_eq!(
+        images[0]["attributes"]["container.image.id.previous"],
+        json!("sha256:aaaa")
+    );
     assert!(
         lines
             .iter()
