@@ -87,6 +87,41 @@ fn bounded(v: &str) -> String {
     cut
 }
 
+/// Credentials a value carries under a flag name that does not say so:
+/// the user information of a URL (`https://user:pass@host/…` →
+/// `https://***@host/…`) and API-key-shaped words (`sk-…`, `hf_…`,
+/// `ghp_…`, `xoxb-…`, a JWT's `eyJ…`), each replaced by `***`.
+pub fn redacted(v: &str) -> String {
+    const KEY_PREFIXES: [&str; 6] = ["sk-", "hf_", "ghp_", "gho_", "xoxb-", "eyJ"];
+    let mut out = String::with_capacity(v.len());
+    let mut rest = v;
+    while let Some(i) = rest.find("://") {
+        let (head, tail) = rest.split_at(i + 3);
+        out.push_str(head);
+        let end = tail.find(['/', '?', '#', ' ', ',']).unwrap_or(tail.len());
+        match tail[..end].rfind('@') {
+            Some(at) => {
+                out.push_str("***");
+                out.push_str(&tail[at..end]);
+            }
+            None => out.push_str(&tail[..end]),
+        }
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
+    out.split_inclusive([' ', ',', '=', ':', ';'])
+        .map(|w| {
+            let word = w.trim_end_matches([' ', ',', '=', ':', ';']);
+            let long = word.len() >= 16;
+            if long && KEY_PREFIXES.iter().any(|p| word.starts_with(p)) {
+                format!("***{}", &w[word.len()..])
+            } else {
+                w.to_string()
+            }
+        })
+        .collect()
+}
+
 /// A value after a flag: not another flag (a negative number is a value).
 fn is_value(a: &str) -> bool {
     !a.starts_with('-') || a[1..].starts_with(|c: char| c.is_ascii_digit() || c == '.')
@@ -156,7 +191,7 @@ pub fn params_from_args(engine: Engine, args: &[String]) -> BTreeMap<String, Str
         if out.len() >= MAX_PARAMS && !out.contains_key(&key) {
             continue;
         }
-        let value = bounded(&value);
+        let value = bounded(&redacted(&value));
         out.entry(key)
             .and_modify(|v| {
                 v.push(',');
@@ -271,6 +306,24 @@ mod tests {
             "vllm serve m --max-num-batched-tokens 8192 --tokenizer /t",
         );
         assert_eq!(version_of(&p), version_of(&without));
+    }
+
+    #[test]
+    fn credentials_in_values_of_innocent_flags_are_redacted() {
+        let p = params(
+            Engine::Vllm,
+            "vllm serve m --lora-modules a=https://bob:SECRET4@hub.local/a,b=/b \
+             --otlp-traces-endpoint http://collector:4317 \
+             --extra hf_abcdefghijklmnopqrstuvwxyz",
+        );
+        let all = format!("{p:?}");
+        assert!(!all.contains("SECRET4") && !all.contains("bob"), "{all}");
+        assert!(!all.contains("hf_abcdefghijklmnop"), "{all}");
+        assert_eq!(p["lora-modules"], "a=https://***@hub.local/a,b=/b");
+        assert_eq!(p["otlp-traces-endpoint"], "http://collector:4317");
+        assert_eq!(p["extra"], "***");
+        // A short word with such a prefix is no key.
+        assert_eq!(redacted("sk-1"), "sk-1");
     }
 
     #[test]

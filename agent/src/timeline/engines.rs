@@ -76,6 +76,9 @@ impl Engines {
             .filter(|p| !self.known.contains_key(p))
             .collect();
         started.sort_unstable();
+        // A target found forwarding requests to an engine (a gateway) was
+        // never an engine: it leaves without an `engine.stop`.
+        self.known.retain(|p, _| !node.gateways.contains(p));
         let mut stopped: Vec<u32> = self
             .known
             .keys()
@@ -450,6 +453,74 @@ mod tests {
                 )
             })
             .collect()
+    }
+
+    #[test]
+    fn a_target_found_to_be_a_gateway_leaves_without_an_engine_stop() {
+        let mut e = Engines::default();
+        let mut node = NodeState::default();
+        node.processes.insert(
+            5,
+            ProcessInfo {
+                listen_ports: vec![8088],
+                ..Default::default()
+            },
+        );
+        let mut out = vec![];
+        e.on_tick(1, &node, &mut out);
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].kind, kind::ENGINE_START);
+        node.gateways.insert(5);
+        out.clear();
+        e.on_tick(2, &node, &mut out);
+        assert!(out.is_empty(), "{out:?}");
+        // Gone for good: still nothing.
+        node.processes.clear();
+        e.on_tick(3, &node, &mut out);
+        assert!(out.is_empty(), "{out:?}");
+    }
+
+    fn settled(version: &str, seqs: &str) -> ProcessInfo {
+        let params = [("max-num-seqs".to_string(), seqs.to_string())].into();
+        ProcessInfo {
+            engine: Some(crate::engines::Engine::Vllm),
+            model: Some("m".into()),
+            listen_ports: vec![8000],
+            engine_version: Some(version.into()),
+            serving_config: Some(crate::identity::serving_config::ServingConfig::new(params)),
+            info_settled: true,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_restart_with_other_flags_or_build_says_which_moved() {
+        let mut e = Engines::default();
+        let mut node = NodeState::default();
+        let mut kinds = vec![];
+        for (pid, (v, s)) in [
+            ("0.6.1", "64"),
+            ("0.6.1", "256"),
+            ("0.6.2", "256"),
+            ("0.6.2", "256"),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            node.processes.clear();
+            node.processes.insert(pid as u32 + 10, settled(v, s));
+            let mut out = vec![];
+            e.on_tick(pid as u64, &node, &mut out);
+            kinds.extend(
+                out.iter()
+                    .filter(|x| x.kind != kind::ENGINE_START && x.kind != kind::ENGINE_STOP)
+                    .map(|x| x.kind),
+            );
+        }
+        assert_eq!(
+            kinds,
+            vec![kind::ENGINE_CONFIG_CHANGE, kind::ENGINE_VERSION_CHANGE]
+        );
     }
 
     #[test]
