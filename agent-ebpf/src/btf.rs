@@ -38,8 +38,10 @@ use crate::{
     maps::{Pending, CONNS, TARGETS, TARGET_SLOTS},
 };
 
-/// `struct pt_regs` on x86_64, in u64 words: `dx` (12), `si` (13), `di`
-/// (14), `orig_ax` (15, the syscall number).
+/// `struct pt_regs` on x86_64, in u64 words: `r10` (7, a syscall's fourth
+/// argument), `dx` (12), `si` (13), `di` (14), `orig_ax` (15, the syscall
+/// number).
+const R10: usize = 7;
 const DX: usize = 12;
 const SI: usize = 13;
 const DI: usize = 14;
@@ -88,6 +90,16 @@ pub fn data_sys_exit(ctx: BtfTracePointContext) -> i32 {
     }
     let r: i64 = ctx.arg(1);
     if r == -EAGAIN {
+        return 0;
+    }
+    // A peek (`MSG_PEEK`: recvfrom's fourth argument, recvmsg's third)
+    // takes nothing: the bytes are read again.
+    let flags = match sc {
+        Syscall::Recvfrom => reg(regs, R10),
+        Syscall::Recvmsg => reg(regs, DX),
+        _ => 0,
+    };
+    if flags & crate::data::MSG_PEEK != 0 {
         return 0;
     }
     let fd = reg(regs, DI) as i32;

@@ -26,6 +26,8 @@ use crate::{
 };
 
 pub(crate) const EAGAIN: i64 = 11;
+/// `MSG_PEEK`: a receive that leaves the bytes for the next read.
+pub(crate) const MSG_PEEK: u64 = 2;
 
 /// How the saved pointer is to be read at exit.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -389,11 +391,43 @@ macro_rules! flat {
 
 flat!(sys_enter_read, sys_exit_read, Syscall::Read);
 flat!(sys_enter_write, sys_exit_write, Syscall::Write);
-flat!(sys_enter_recvfrom, sys_exit_recvfrom, Syscall::Recvfrom);
+// recvfrom(fd, buf, len, flags, …) and recvmsg(fd, msghdr, flags): a peek
+// (`MSG_PEEK`) takes nothing, its bytes are read again: not armed.
+#[tracepoint]
+pub fn sys_enter_recvfrom(ctx: TracePointContext) -> u32 {
+    if arg::<3>(&ctx) & MSG_PEEK != 0 {
+        return 0;
+    }
+    enter(
+        arg::<0>(&ctx),
+        arg::<1>(&ctx),
+        arg::<2>(&ctx),
+        Syscall::Recvfrom,
+    )
+}
+#[tracepoint]
+pub fn sys_exit_recvfrom(ctx: TracePointContext) -> u32 {
+    exit(&ctx)
+}
 flat!(sys_enter_sendto, sys_exit_sendto, Syscall::Sendto);
 // readv/writev(fd, iov, iovcnt): same argument positions, iovec array.
 flat!(sys_enter_readv, sys_exit_readv, Syscall::Readv);
 flat!(sys_enter_writev, sys_exit_writev, Syscall::Writev);
 // recvmsg/sendmsg(fd, msghdr, flags).
-flat!(sys_enter_recvmsg, sys_exit_recvmsg, Syscall::Recvmsg);
+#[tracepoint]
+pub fn sys_enter_recvmsg(ctx: TracePointContext) -> u32 {
+    if arg::<2>(&ctx) & MSG_PEEK != 0 {
+        return 0;
+    }
+    enter(
+        arg::<0>(&ctx),
+        arg::<1>(&ctx),
+        arg::<2>(&ctx),
+        Syscall::Recvmsg,
+    )
+}
+#[tracepoint]
+pub fn sys_exit_recvmsg(ctx: TracePointContext) -> u32 {
+    exit(&ctx)
+}
 flat!(sys_enter_sendmsg, sys_exit_sendmsg, Syscall::Sendmsg);

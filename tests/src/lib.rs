@@ -456,6 +456,11 @@ pub fn now_ns() -> u64 {
 pub struct BracketedFd {
     pub fd: i32,
     pub first: Option<[u64; 2]>,
+    /// The kernel's receive time of the first byte the first read took
+    /// (`SO_TIMESTAMPNS`, peeked before that read): when it reached the
+    /// socket, by the kernel's clock, independent of the agent. `None`
+    /// when the socket does not timestamp (see [`enable_rx_timestamps`]).
+    pub first_rx: Option<u64>,
     /// Left unread this long after poll says a request's first bytes are
     /// there (an engine too busy to read: the request waits in the socket).
     pub delay: std::time::Duration,
@@ -473,6 +478,9 @@ impl std::io::Read for BracketedFd {
         if self.first.is_none() && !self.delay.is_zero() {
             std::thread::sleep(self.delay);
         }
+        if self.first.is_none() {
+            self.first_rx = peek_rx_ns(self.fd);
+        }
         let lo = now_ns();
         // SAFETY: a valid buffer of buf.len() bytes.
         let r = unsafe { libc::read(self.fd, buf.as_mut_ptr().cast(), buf.len()) };
@@ -483,6 +491,56 @@ impl std::io::Read for BracketedFd {
         self.first.get_or_insert([lo, hi]);
         Ok(r as usize)
     }
+}
+
+/// Asks the kernel to timestamp what `fd` (a listening socket: its
+/// accepted ones inherit it) receives (`SO_TIMESTAMPNS`). It also turns on
+/// receive timestamps for every socket of the host, so segments that
+/// arrive before `accept()` are stamped when they arrive.
+pub fn enable_rx_timestamps(fd: i32) {
+    let on: libc::c_int = 1;
+    // SAFETY: a valid int option.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_TIMESTAMPNS,
+            (&on as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+    }
+}
+
+/// The receive timestamp (UNIX-epoch ns) of the next byte `fd` would read,
+/// peeked without taking it; `None` without one.
+fn peek_rx_ns(fd: i32) -> Option<u64> {
+    let mut byte = [0u8; 1];
+    let mut iov = libc::iovec {
+        iov_base: byte.as_mut_ptr().cast(),
+        iov_len: 1,
+    };
+    let mut control = [0u64; 16];
+    // SAFETY: msghdr over valid local buffers; the kernel writes at most
+    // msg_controllen bytes of control data.
+    unsafe {
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = std::mem::size_of_val(&control) as _;
+        if libc::recvmsg(fd, &mut msg, libc::MSG_PEEK | libc::MSG_DONTWAIT) <= 0 {
+            return None;
+        }
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_TIMESTAMPNS {
+                let ts: libc::timespec = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
+                return Some(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64);
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    None
 }
 
 /// A loopback port with nothing listening on it right now.

@@ -167,6 +167,9 @@ fn an_engines_build_and_serving_flags_are_versioned_apart_from_its_model() {
     assert_eq!(a["changed"], json!(["max-num-seqs"]), "{a}");
     assert_eq!(a["previous"], json!({"max-num-seqs": "64"}), "{a}");
     assert_eq!(a["current"], json!({"max-num-seqs": "256"}), "{a}");
+    // The whole new set: the simengine's own flags ride along, constant.
+    assert_eq!(a["serving_config"]["max-num-seqs"], "256", "{a}");
+    assert!(a["serving_config"].get("port").is_none(), "{a}");
     assert_eq!(
         a["tokentap.serving_config.version"],
         config_versions[1].as_str()

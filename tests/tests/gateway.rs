@@ -6,8 +6,9 @@
 //! mid-test (nginx reconnects upstream).
 //!
 //! Every engine record carries `gateway_s` (the proxy's arrival → the
-//! engine's) within 1 ms of what the test's clocks bracket (the client's
-//! send → the engine's read of the request, from its truth file), and the
+//! engine's) within 1 ms of what the test's clocks say (the client's send
+//! → the kernel's receive timestamp of the request at the engine's socket,
+//! `SO_TIMESTAMPNS`, from the engine's truth file), and the
 //! proxy's record is linked to it (role, gateway pid and port, the proxy's
 //! span the engine span's parent). One user request is counted once: the
 //! proxy's upstream view is never a record, `tokentap.requests` is the
@@ -260,14 +261,22 @@ fn an_engine_behind_nginx_gets_the_entry_stage_and_one_request_is_counted_once()
             t0g >= send[0] && t0e <= read[1],
             "gw-{id}: arrivals inside the brackets: {e} {g} {t}"
         );
-        let truth_s = (read[0] as f64 - send[1] as f64) / 1e9;
+        // The engine's arrival by the kernel's receive timestamp at its
+        // socket (`SO_TIMESTAMPNS`, not the agent's); the proxy's arrival
+        // lies inside the client's send (the segment reaches nginx's socket
+        // inside that write).
+        let rx = t["rx"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("gw-{id}: no receive timestamp: {t}"));
+        assert!(rx <= read[1], "gw-{id}: received before read: {t}");
+        let truth_s = (rx as f64 - send[0] as f64) / 1e9;
         devs.push(((gateway_s - truth_s) * 1e6, id));
         assert!(
             (gateway_s - truth_s).abs() <= 1e-3,
-            "gw-{id}: gateway_s {gateway_s} vs the test's clocks {truth_s}"
+            "gw-{id}: gateway_s {gateway_s} vs the test's clocks {truth_s}: {t}"
         );
     }
-    eprintln!("gateway_s − (engine read − client send), µs: {devs:?}");
+    eprintln!("gateway_s − (engine socket receive − client send), µs: {devs:?}");
 
     // Counted once.
     let exports = metrics.exports();

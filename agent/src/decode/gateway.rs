@@ -5,7 +5,9 @@
 //! (local address L, peer E); the engine's accepted connection has peer L.
 //! So an engine record whose peer is the local address of a target's
 //! outgoing connection came through a gateway. It is held (bounded in time)
-//! until three records meet:
+//! until three records meet, in whatever order they come (on one node the
+//! proxy may read and pass on the engine's last bytes before the engine's
+//! write call returns, so the proxy's records can be reported first):
 //! - E, the engine's request (finishes first: at the engine's last write);
 //! - U, the proxy's own client-side view of the same request on L
 //!   (finishes when the proxy reads that last write): requests on one
@@ -79,6 +81,20 @@ struct Up {
     fp: Option<u64>,
 }
 
+/// A proxy's view of a forwarded request, not yet tied to the engine's.
+struct View {
+    local: SocketAddr,
+    up: Up,
+    since_ns: u64,
+}
+
+/// A gateway's inbound request waiting for its engine's record.
+struct Inbound {
+    f: Finished,
+    pid: u32,
+    since_ns: u64,
+}
+
 struct Held {
     f: Finished,
     /// The engine connection's peer: the proxy's upstream local address.
@@ -97,6 +113,8 @@ pub struct Join {
     /// Processes with outgoing connections to a served engine.
     gateways: HashSet<u32>,
     held: Vec<Held>,
+    views: Vec<View>,
+    inbound: Vec<Inbound>,
 }
 
 fn remember(m: &mut HashMap<SocketAddr, Seen>, a: SocketAddr, pid: u32) {
@@ -151,7 +169,11 @@ impl Join {
     }
 
     /// Takes the records from `from` on (all of connection `key`, made at
-    /// `ts_ns`): holds, joins, consumes or leaves each.
+    /// `ts_ns`): holds, joins, consumes or leaves each. The three records
+    /// of one proxied request may come in any order: on one node the
+    /// proxy reads the engine's last bytes (and writes them on) while the
+    /// engine's write call has not yet returned, so its view or its
+    /// inbound record can be reported before the engine's record.
     pub fn pass(
         &mut self,
         key: (u32, i32),
@@ -167,6 +189,7 @@ impl Join {
             return;
         };
         let fresh: Vec<Finished> = records.drain(from..).collect();
+        let mut waiting = false;
         for f in fresh {
             match (ends.role, ends.local, ends.peer) {
                 // The proxy's own view of a request it forwarded to an
@@ -175,55 +198,103 @@ impl Join {
                 (Role::Client, Some(l), _) if self.served_peers.contains_key(&l) => {
                     self.gateways.insert(key.0);
                     counts.upstream += 1;
-                    if let Some(h) = self
-                        .held
-                        .iter_mut()
-                        .filter(|h| {
-                            h.peer == l
-                                && h.up.is_none()
-                                && h.f.record.t0_ns + WRITE_SLACK_NS >= f.record.t0_ns
-                        })
-                        .min_by_key(|h| h.f.record.t0_ns)
-                    {
-                        h.up = Some(Up {
+                    self.views.push(View {
+                        local: l,
+                        up: Up {
                             pid: key.0,
                             t0_ns: f.record.t0_ns,
                             fp: f.prompt_fp,
-                        });
-                    }
+                        },
+                        since_ns: ts_ns,
+                    });
+                    waiting = true;
                 }
                 // An engine's request from a target's outgoing connection.
                 (Role::Server, _, Some(p)) if self.uplinks.contains_key(&p) => {
+                    if let Some(s) = self.uplinks.get(&p) {
+                        self.gateways.insert(s.pid);
+                    }
                     self.held.push(Held {
                         f,
                         peer: p,
                         since_ns: ts_ns,
                         up: None,
                     });
+                    waiting = true;
                 }
-                // A gateway's inbound request.
-                (Role::Server, _, _) if self.gateways.contains(&key.0) => {
-                    let mut f = f;
-                    if let Some(i) = self
-                        .held
-                        .iter()
-                        .enumerate()
-                        .filter(|(_, h)| {
-                            h.up.as_ref().is_some_and(|u| {
-                                u.pid == key.0 && u.fp == f.prompt_fp && u.t0_ns >= f.record.t0_ns
-                            })
-                        })
-                        .min_by_key(|(_, h)| h.up.as_ref().map(|u| u.t0_ns))
-                        .map(|(i, _)| i)
-                    {
-                        let mut e = self.held.remove(i).f;
-                        link(&mut f, &mut e);
-                        counts.joined += 1;
-                        records.push(e);
-                    }
-                    records.push(f);
+                // A gateway's inbound request: waits for its engine's.
+                (Role::Server, _, _) if self.is_gateway(key.0) => {
+                    self.inbound.push(Inbound {
+                        f,
+                        pid: key.0,
+                        since_ns: ts_ns,
+                    });
+                    waiting = true;
                 }
                 _ => records.push(f),
+            }
+        }
+        if waiting {
+            self.settle(records, counts);
+        }
+    }
+
+    /// A process that forwarded a request to a served engine, or holds an
+    /// outgoing connection to a selected port.
+    fn is_gateway(&self, pid: u32) -> bool {
+        self.gateways.contains(&pid) || self.uplinks.values().any(|s| s.pid == pid && s.open > 0)
+    }
+
+    /// Joins what can be joined: each proxy view to its engine record (the
+    /// earliest unjoined one on its connection), then each inbound request
+    /// to the engine record whose view is its (same process, same body,
+    /// written after it arrived); a joined pair leaves, engine first.
+    fn settle(&mut self, records: &mut Vec<Finished>, counts: &mut GatewayCounts) {
+        self.views.sort_by_key(|v| v.up.t0_ns);
+        let mut i = 0;
+        while i < self.views.len() {
+            let v = &self.views[i];
+            let found = self
+                .held
+                .iter_mut()
+                .filter(|h| {
+                    h.peer == v.local
+                        && h.up.is_none()
+                        && h.f.record.t0_ns + WRITE_SLACK_NS >= v.up.t0_ns
+                })
+                .min_by_key(|h| h.f.record.t0_ns);
+            match found {
+                Some(h) => {
+                    h.up = Some(self.views.remove(i).up);
+                }
+                None => i += 1,
+            }
+        }
+        self.inbound.sort_by_key(|p| p.f.record.t0_ns);
+        let mut i = 0;
+        while i < self.inbound.len() {
+            let p = &self.inbound[i];
+            let found = self
+                .held
+                .iter()
+                .enumerate()
+                .filter(|(_, h)| {
+                    h.up.as_ref().is_some_and(|u| {
+                        u.pid == p.pid && u.fp == p.f.prompt_fp && u.t0_ns >= p.f.record.t0_ns
+                    })
+                })
+                .min_by_key(|(_, h)| h.up.as_ref().map(|u| u.t0_ns))
+                .map(|(j, _)| j);
+            match found {
+                Some(j) => {
+                    let mut e = self.held.remove(j).f;
+                    let mut g = self.inbound.remove(i).f;
+                    link(&mut g, &mut e);
+                    counts.joined += 1;
+                    records.push(e);
+                    records.push(g);
+                }
+                None => i += 1,
             }
         }
     }
@@ -237,21 +308,35 @@ impl Join {
         counts: &mut GatewayCounts,
     ) {
         if self.held.is_empty()
+            && self.inbound.is_empty()
+            && self.views.is_empty()
             && self.uplinks.len() + self.served_peers.len() < 64
             && now_ns.is_some()
         {
             return;
         }
+        let due = |since: u64| now_ns.is_none_or(|n| n.saturating_sub(since) > HOLD_NS);
         let mut i = 0;
         while i < self.held.len() {
-            let due = now_ns.is_none_or(|n| n.saturating_sub(self.held[i].since_ns) > HOLD_NS);
-            if due {
+            if due(self.held[i].since_ns) {
                 counts.unjoined += 1;
                 records.push(self.held.remove(i).f);
             } else {
                 i += 1;
             }
         }
+        // A gateway's requests whose engine record never came (an upstream
+        // that is no target, a request it answered itself) leave as they
+        // are; views whose engine record never came are dropped.
+        let mut i = 0;
+        while i < self.inbound.len() {
+            if due(self.inbound[i].since_ns) {
+                records.push(self.inbound.remove(i).f);
+            } else {
+                i += 1;
+            }
+        }
+        self.views.retain(|v| !due(v.since_ns));
         if let Some(n) = now_ns {
             let keep = |s: &mut Seen| {
                 s.closed_ns
@@ -269,9 +354,9 @@ impl Join {
         &self.gateways
     }
 
-    /// Records held now.
+    /// Records held now (engines' and gateways').
     pub fn held(&self) -> usize {
-        self.held.len()
+        self.held.len() + self.inbound.len()
     }
 }
 
@@ -461,6 +546,66 @@ mod tests {
             assert_eq!(e.caller.as_deref(), Some("10.9.0.1"));
         }
         assert_ne!(out[1].record.span_id, out[3].record.span_id);
+    }
+
+    #[test]
+    fn the_proxys_records_reported_before_the_engines_are_joined_all_the_same() {
+        let mut evs = vec![open(INBOUND, 0), open(UPSTREAM, 200), open(SERVED, 400)];
+        proxied("m1", 1000, &mut evs);
+        proxied("m2", 10_000, &mut evs);
+        // The engine's last write is reported after the proxy read and
+        // passed it on (its call returned late): move each request's
+        // last engine write behind the proxy's two events.
+        for last in [at(1000 + 5000), at(10_000 + 5000)] {
+            let i = evs
+                .iter()
+                .position(
+                    |e| matches!(e, SocketEvent::Data(d) if d.fd == SERVED.1 && d.ts_ns == last),
+                )
+                .unwrap();
+            let e = evs.remove(i);
+            evs.insert(i + 2, e);
+        }
+        let (d, out) = run(&evs);
+        assert_eq!(d.stats.gateway.joined, 2, "{out:#?}");
+        assert_eq!(d.held(), 0);
+        let roles: Vec<_> = out
+            .iter()
+            .map(|f| (f.record.request_model.clone(), f.record.role))
+            .collect();
+        assert_eq!(
+            roles,
+            [
+                ("m1", "engine"),
+                ("m1", "gateway"),
+                ("m2", "engine"),
+                ("m2", "gateway")
+            ]
+            .map(|(m, r)| (Some(m.to_string()), Some(r)))
+        );
+        for f in &out {
+            assert!((f.record.gateway_s.unwrap() - 500e-6).abs() < 1e-9);
+        }
+    }
+
+    #[test]
+    fn a_gateways_request_it_answers_itself_leaves_after_the_hold() {
+        // The proxy has an upstream connection, but answers this one
+        // itself (no engine record will come).
+        let mut evs = vec![open(INBOUND, 0), open(UPSTREAM, 200), open(SERVED, 400)];
+        evs.push(data(INBOUND, 1000, Dir::In, &request("own")));
+        evs.push(data(
+            INBOUND,
+            1200,
+            Dir::Out,
+            &[HEAD, &sse("a"), b"0\r\n\r\n"].concat(),
+        ));
+        let (mut d, mut out) = run(&evs);
+        assert!(out.is_empty());
+        d.tick(at(1200) + super::HOLD_NS + 1, &mut out);
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].record.role, None);
+        assert_eq!(d.held(), 0);
     }
 
     #[test]

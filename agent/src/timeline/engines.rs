@@ -215,7 +215,17 @@ impl Engines {
                         changes.iter().map(|c| c.0.clone()).collect::<Vec<_>>(),
                     )
                     .with("previous", side(|c| &c.1))
-                    .with("current", side(|c| &c.2)),
+                    .with("current", side(|c| &c.2))
+                    // The whole new set (secrets were never in it).
+                    .with(
+                        "serving_config",
+                        serde_json::Value::Object(
+                            b.params
+                                .iter()
+                                .map(|(k, v)| (k.clone(), v.clone().into()))
+                                .collect(),
+                        ),
+                    ),
                 );
             }
         }

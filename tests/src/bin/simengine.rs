@@ -23,7 +23,9 @@
 //! its own calls: each instant is a bracket `[lo, hi]` — the clock read just
 //! before the syscall and just after it returned — because the kernel's
 //! timestamp (syscall exit) lies in between even when the engine is
-//! preempted. `read` (first read of the request, entered only once poll says
+//! preempted. `rx`: the kernel's receive timestamp (`SO_TIMESTAMPNS`) of a
+//! request's first byte, when it reached the socket (null for a pipelined
+//! request, already buffered). `read` (first read of the request, entered only once poll says
 //! data is there), `first`/`last` (first/last content write), `end` (last
 //! write); plus the token count and the outcome (`client_disconnect` when a
 //! write failed).
@@ -161,6 +163,7 @@ fn serve(stream: TcpStream, truth: Arc<Mutex<Option<std::fs::File>>>) {
     let mut conn = BracketedFd {
         fd,
         first: None,
+        first_rx: None,
         delay: std::time::Duration::ZERO,
     };
     while let Some((t_read, start, body)) = {
@@ -218,7 +221,7 @@ fn serve(stream: TcpStream, truth: Arc<Mutex<Option<std::fs::File>>>) {
         let usage = body["stream_options"]["include_usage"]
             .as_bool()
             .unwrap_or(false);
-        let mut t = json!({"id": id, "client": peer, "read": t_read, "status": status, "tokens": tokens, "stream": stream_req, "usage": usage, "read_delay_ms": conn.delay.as_millis() as u64});
+        let mut t = json!({"id": id, "client": peer, "read": t_read, "rx": conn.first_rx.filter(|_| t_read != [0, 0]), "status": status, "tokens": tokens, "stream": stream_req, "usage": usage, "read_delay_ms": conn.delay.as_millis() as u64});
         let mut ok = true;
         let mut end: Option<[u64; 2]> = None;
         if status != 200 {
@@ -372,6 +375,9 @@ fn main() {
     let addr = opt("--addr").unwrap_or_else(|| "127.0.0.1".to_string());
     let l = TcpListener::bind((addr.as_str(), port))
         .unwrap_or_else(|e| panic!("simengine: cannot listen on {addr}:{port}: {e}"));
+    // Receive timestamps: the truth file's `rx` (when a request's first
+    // byte reached the socket, by the kernel's clock).
+    tokentap_tests::enable_rx_timestamps(l.as_raw_fd());
     println!("listening {}", l.local_addr().expect("addr").port());
     std::io::stdout().flush().ok();
     loop {

@@ -4,7 +4,8 @@
 //! know exactly which syscall moved which bytes.
 //!
 //! Commands: `accept`, `accept-null` (accept4 with a NULL address),
-//! `exchange` (the ping-pong script of `tokentap_tests::exchange_script`),
+//! `exchange` (the ping-pong script of `tokentap_tests::exchange_script`;
+//! each recv-family read is preceded by a `MSG_PEEK` of the same family),
 //! `big N` (one recvfrom with MSG_WAITALL of N bytes, then replies "ok"),
 //! `noise` (traffic on a pipe, a file, a socketpair and an accepted unix
 //! socket: none of it may be captured), `flood N SIZE` (N writes),
@@ -43,9 +44,30 @@ fn msg(iovs: &mut [libc::iovec]) -> libc::msghdr {
 }
 
 /// One call of `how` reading into `buf`; returns the syscall's result.
+/// The recv family first peeks (`MSG_PEEK`, as servers that sniff a
+/// protocol do): the capture must take the bytes once, when read.
 fn read_once(fd: i32, buf: &mut [u8], how: &str) -> isize {
     // SAFETY: buffers outlive the calls; lengths match.
     unsafe {
+        let mut peek = [0u8; 8];
+        match how {
+            "recv" | "recvfrom" => {
+                libc::recvfrom(
+                    fd,
+                    peek.as_mut_ptr().cast(),
+                    peek.len(),
+                    libc::MSG_PEEK,
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                );
+            }
+            "recvmsg" => {
+                let mut v = [iov(&mut peek)];
+                let mut m = msg(&mut v);
+                libc::recvmsg(fd, &mut m, libc::MSG_PEEK);
+            }
+            _ => {}
+        }
         match how {
             "read" => libc::read(fd, buf.as_mut_ptr().cast(), buf.len()),
             "readv" => {
@@ -184,6 +206,7 @@ fn serve_sse(fd: i32, n: usize, gap: Duration) -> String {
     let mut conn = BracketedFd {
         fd,
         first: None,
+        first_rx: None,
         delay: std::time::Duration::ZERO,
     };
     http::read_request(&mut conn, &mut Vec::new())
