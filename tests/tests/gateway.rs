@@ -78,6 +78,20 @@ fn ask(addr: &str, id: u64) -> [u64; 2] {
     [lo, hi]
 }
 
+/// Waits (at most 5 s) until the engine's truth file has `n` complete
+/// lines.
+fn wait_for_truth(truth: &Path, n: usize) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while std::time::Instant::now() < deadline {
+        let t = std::fs::read_to_string(truth).unwrap_or_default();
+        if t.ends_with('\n') && t.lines().count() >= n {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("the engine wrote fewer than {n} truth lines");
+}
+
 fn nginx_conf(dir: &Path, port: u16, engine: &str) -> std::path::PathBuf {
     let conf = dir.join("nginx.conf");
     let d = dir.display();
@@ -197,7 +211,9 @@ fn an_engine_behind_nginx_gets_the_entry_stage_and_one_request_is_counted_once()
         sent.insert(id, b);
     }
     // The engine restarts (a new pid on the same port): nginx connects
-    // upstream anew.
+    // upstream anew. It writes each request's truth line after the
+    // response's last byte: wait for them before killing it.
+    wait_for_truth(&truth, sent.len());
     drop(engine);
     std::thread::sleep(Duration::from_millis(300));
     engine = start_engine(&engine_ns, eport, &truth);
@@ -206,6 +222,7 @@ fn an_engine_behind_nginx_gets_the_entry_stage_and_one_request_is_counted_once()
         sent.insert(id, ask(&addr, id));
     }
     std::thread::sleep(Duration::from_millis(1500));
+    wait_for_truth(&truth, sent.len());
     let (ok, lines) = interrupt(&mut agent, agent_out);
     assert!(ok, "tokentap run failed: {lines:#?}");
     drop(nginx);
