@@ -43,6 +43,8 @@ pub const HOLD_NS: u64 = 5_000_000_000;
 /// engine's socket inside the proxy's write call. Requests on one
 /// connection are sequential, so this only has to exclude a stale record.
 const WRITE_SLACK_NS: u64 = 100_000_000;
+/// How often (event time) closed connections' addresses are swept.
+const GC_EVERY_NS: u64 = 1_000_000_000;
 /// How long the address of a closed connection is remembered (a proxy
 /// that closes its upstream connection before its records are joined).
 const REMEMBER_NS: u64 = 10_000_000_000;
@@ -115,6 +117,8 @@ pub struct Join {
     held: Vec<Held>,
     views: Vec<View>,
     inbound: Vec<Inbound>,
+    /// When the address tables were last swept of closed connections.
+    last_gc_ns: u64,
 }
 
 fn remember(m: &mut HashMap<SocketAddr, Seen>, a: SocketAddr, pid: u32) {
@@ -242,7 +246,9 @@ impl Join {
     /// A process that forwarded a request to a served engine, or holds an
     /// outgoing connection to a selected port.
     fn is_gateway(&self, pid: u32) -> bool {
-        self.gateways.contains(&pid) || self.uplinks.values().any(|s| s.pid == pid && s.open > 0)
+        self.gateways.contains(&pid)
+            || (!self.uplinks.is_empty()
+                && self.uplinks.values().any(|s| s.pid == pid && s.open > 0))
     }
 
     /// Joins what can be joined: each proxy view to its engine record (the
@@ -307,10 +313,14 @@ impl Join {
         records: &mut Vec<Finished>,
         counts: &mut GatewayCounts,
     ) {
+        // Called for every socket event: nothing to do unless something
+        // waits, or the address tables are due (once a second of event
+        // time; they hold one entry per open connection).
+        let gc_due = now_ns.is_some_and(|n| n.saturating_sub(self.last_gc_ns) >= GC_EVERY_NS);
         if self.held.is_empty()
             && self.inbound.is_empty()
             && self.views.is_empty()
-            && self.uplinks.len() + self.served_peers.len() < 64
+            && !gc_due
             && now_ns.is_some()
         {
             return;
@@ -337,7 +347,8 @@ impl Join {
             }
         }
         self.views.retain(|v| !due(v.since_ns));
-        if let Some(n) = now_ns {
+        if let Some(n) = now_ns.filter(|_| gc_due) {
+            self.last_gc_ns = n;
             let keep = |s: &mut Seen| {
                 s.closed_ns
                     .is_none_or(|c| n.saturating_sub(c) < REMEMBER_NS)
