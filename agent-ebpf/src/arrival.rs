@@ -8,7 +8,9 @@
 //!
 //! The record (an [`RecordKind::Arrival`] header, no payload): `ts_ns`,
 //! `ret` = the segment's data length, `fd` = the local port, `family`,
-//! `port`, `addr` = the peer. Everything is read from the tracepoint's own
+//! `port`, `addr` = the peer, and the socket's cookie in `tgid`/`tid`
+//! (`RecordHeader::cookie`): it tells a new connection's segments from an
+//! old one's with the same addresses. Everything is read from the tracepoint's own
 //! record at the offsets of its format file (userspace checks them before
 //! attaching); no kernel memory is read.
 
@@ -47,6 +49,7 @@ pub fn tcp_probe(ctx: TracePointContext) -> u32 {
         port: at(&ctx, tp::DPORT),
         ..RecordHeader::default()
     };
+    h.set_cookie(at(&ctx, tp::SOCK_COOKIE));
     // daddr: a sockaddr_in (address at +4) or sockaddr_in6 (at +8), read
     // as 32-bit words (the verifier allows constant-offset context loads,
     // not walks over the context).

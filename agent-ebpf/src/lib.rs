@@ -219,6 +219,9 @@ pub struct RecordHeader {
     pub ts_ns: u64,
     /// The syscall's return value (bytes moved or negative errno).
     pub ret: i64,
+    /// Process and thread. Arrival records (softirq context, no process)
+    /// carry the receiving socket's cookie here instead: see
+    /// [`RecordHeader::cookie`].
     pub tgid: u32,
     pub tid: u32,
     pub fd: i32,
@@ -247,6 +250,19 @@ pub struct RecordHeader {
     pub addr: [u8; 16],
 }
 
+impl RecordHeader {
+    /// An arrival record's socket cookie: low half in `tgid`, high half in
+    /// `tid` (an arrival has no process; the header keeps its 64 bytes).
+    pub fn cookie(&self) -> u64 {
+        ((self.tid as u64) << 32) | self.tgid as u64
+    }
+
+    pub fn set_cookie(&mut self, cookie: u64) {
+        self.tgid = cookie as u32;
+        self.tid = (cookie >> 32) as u32;
+    }
+}
+
 /// Offsets in the `tcp:tcp_probe` tracepoint record the arrival program
 /// reads (Linux 5.x–6.x layout; the agent compares them with the format
 /// file before attaching, and leaves the program off when they differ).
@@ -261,13 +277,17 @@ pub mod arrival_tp {
     pub const FAMILY: usize = 68;
     /// `__u16 data_len`: payload bytes of the segment.
     pub const DATA_LEN: usize = 76;
+    /// `__u64 sock_cookie`: the receiving socket's cookie (one per socket
+    /// for the kernel's uptime; Linux 5.6 and later).
+    pub const SOCK_COOKIE: usize = 112;
     /// (field name, offset, size) as the format file must say.
-    pub const FIELDS: [(&str, usize, usize); 5] = [
+    pub const FIELDS: [(&str, usize, usize); 6] = [
         ("daddr", DADDR, 28),
         ("sport", SPORT, 2),
         ("dport", DPORT, 2),
         ("family", FAMILY, 2),
         ("data_len", DATA_LEN, 2),
+        ("sock_cookie", SOCK_COOKIE, 8),
     ];
 }
 

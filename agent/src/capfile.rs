@@ -60,7 +60,15 @@ enum Line {
         local_port: u16,
         peer: String,
         len: u32,
+        /// The receiving socket's cookie (0 or absent: unknown, as in
+        /// files written before it was recorded).
+        #[serde(default, skip_serializing_if = "is_zero")]
+        cookie: u64,
     },
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 #[derive(Serialize, Deserialize, Clone, Copy)]
@@ -115,6 +123,7 @@ pub fn to_line(ev: &SocketEvent) -> String {
             local_port: e.local_port,
             peer: e.peer.to_string(),
             len: e.len,
+            cookie: e.cookie,
         },
     };
     // Serialising plain structs of numbers and strings cannot fail.
@@ -187,11 +196,13 @@ pub fn from_line(text: &str) -> Result<SocketEvent> {
             local_port,
             peer,
             len,
+            cookie,
         } => SocketEvent::Arrival(ArrivalEvent {
             ts_ns,
             local_port,
             peer: addr(Some(peer))?.context("an arrival needs its peer")?,
             len,
+            cookie,
         }),
     })
 }
@@ -344,6 +355,7 @@ mod tests {
                 local_port: 8000,
                 peer: "[::1]:5000".parse().unwrap(),
                 len: 120,
+                cookie: 77,
             }),
             SocketEvent::Close(CloseEvent {
                 ts_ns: 4,

@@ -105,6 +105,11 @@ pub struct ArrivalEvent {
     pub peer: SocketAddr,
     /// Payload bytes of the segment.
     pub len: u32,
+    /// The receiving socket's cookie (`tcp_probe`'s `sock_cookie`): one
+    /// value per socket for the kernel's uptime, so a segment of a new
+    /// connection is told from an old one's with the same addresses. 0:
+    /// unknown.
+    pub cookie: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -157,6 +157,7 @@ pub fn events(t: &Transcript) -> Vec<SocketEvent> {
                     local_port: local.port(),
                     peer,
                     len: len as u32,
+                    cookie: 0,
                 }));
             }
             "response" => {

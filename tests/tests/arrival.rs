@@ -9,6 +9,11 @@
 //! client's within 1 ms at p99 — the wait in the socket included — and
 //! `queue_s` the scripted delay within 1 ms. Then the same with
 //! `--no-arrival-time`: t0 is the read, the wait is not in `ttft_s`.
+//!
+//! And a namesake: a process in another network namespace listening on the
+//! same port without accepting, its client on the same loopback port as
+//! the engine's client. Its bytes must never date the engine's request
+//! (they did, 1.44 s early, before arrivals carried the socket cookie).
 
 use std::{
     io::{Read, Write},
@@ -472,4 +477,134 @@ fn ttft_from_arrival_includes_time_unread_in_the_socket_and_queue_s_is_that_time
             "from the read, the {waited:.2} ms in the socket (scripted {q} ms) are not in ttft_s: client {client_ttft:.2} ms, agent {ttft:.2} ms"
         );
     }
+}
+
+/// A client in a network namespace: binds 127.0.0.1:`port`, connects to
+/// 127.0.0.1:`engine`, waits `pause_s`, then (`send`) writes argv[5] and
+/// reads one chunked response, printing the wall clock just before the
+/// write; or (`hold`) writes argv[5] and keeps the connection open.
+const NS_CLIENT: &str = r#"
+import socket, sys, time
+mode, port, engine, pause, data = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", port))
+s.connect(("127.0.0.1", engine))
+time.sleep(pause)
+t = time.time_ns()
+s.sendall(data.encode())
+print("sent", t, flush=True)
+if mode == "hold":
+    time.sleep(60)
+buf = b""
+while not buf.endswith(b"\r\n0\r\n\r\n"):
+    chunk = s.recv(65536)
+    if not chunk:
+        break
+    buf += chunk
+print("done", len(buf), flush=True)
+"#;
+
+#[test]
+#[ignore = "needs root: eBPF, network namespaces (cargo xtask test runs it as root)"]
+fn a_namesake_connections_bytes_in_another_namespace_never_date_the_engines_request() {
+    // Two pods on one node, each with its own loopback: the engine in one,
+    // in the other a process listening on the same port that has not
+    // accepted yet (a namesake the agent cannot tell by address: the
+    // arrival tracepoint has no network namespace). A client in each
+    // binds the same loopback port. The namesake's bytes reach no
+    // connection the agent knows and wait under those addresses; the
+    // engine's connection, accepted before its client writes, must not
+    // take them for its own (t0 a second early), however they queue.
+    assert_root("arrival namesake");
+    let dir = scratch_dir("arrival-namesake");
+    std::fs::write(dir.join("salt"), "arrival-test").unwrap();
+    let port = free_port();
+    let log = dir.join("requests.jsonl");
+    let (mut tt, tt_out) = agent(&dir, &[port], &[]);
+    let (ns_a, ns_b) = (Netns::create("ttna", 66), Netns::create("ttnb", 67));
+    let _engine = engine(&ns_a, port, &[]);
+    // The namesake: listens, never accepts.
+    let (_namesake, _) = start(
+        ns_b.command("python3").args([
+            "-c",
+            &format!(
+                "import socket,time\ns=socket.socket()\ns.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n\
+                 s.bind(('127.0.0.1',{port}))\ns.listen(16)\nprint('listening',flush=True)\ntime.sleep(600)"
+            ),
+        ]),
+        "listening",
+        "namesake listener",
+    );
+    let warm = warm_up(&format!("{}:{port}", ns_a.ns_addr), &log);
+    let ns_port = free_port();
+    let run = |ns: &Netns, mode: &str, pause: &str, data: &str| {
+        start(
+            ns.command("python3").args([
+                "-c",
+                NS_CLIENT,
+                mode,
+                &ns_port.to_string(),
+                &port.to_string(),
+                pause,
+                data,
+            ]),
+            "sent",
+            "namespace client",
+        )
+    };
+    // Twice: the namesake's client writes (and keeps its connection), then
+    // the engine's client, same addresses, is accepted before it writes.
+    let mut sent = vec![];
+    for id in [1u64, 2] {
+        let (held, _) = run(&ns_b, "hold", "0", &"x".repeat(300));
+        std::thread::sleep(Duration::from_millis(1000));
+        let (mut c, out) = run(&ns_a, "send", "0.3", &request(id));
+        let line = out
+            .recv_timeout(Duration::from_secs(10))
+            .unwrap_or_default();
+        let t = line
+            .strip_prefix("sent ")
+            .and_then(|t| t.trim().parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("client said {line:?}"));
+        let done = out
+            .recv_timeout(Duration::from_secs(10))
+            .unwrap_or_default();
+        assert!(done.starts_with("done"), "the engine answered: {done:?}");
+        let _ = c.0.wait();
+        drop(held);
+        sent.push(t);
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    let (ok, out) = interrupt(&mut tt, tt_out);
+    assert!(ok, "agent failed: {out:#?}");
+    let recs: Vec<Value> = records_after_warm_up(&log, &warm)
+        .into_iter()
+        .filter(|r| client_port(r) == ns_port)
+        .collect();
+    assert_eq!(recs.len(), 2, "one record per engine request: {recs:#?}");
+    let summary = out
+        .iter()
+        .find(|l| l.contains("requests recorded"))
+        .unwrap_or_else(|| panic!("no shutdown line: {out:#?}"));
+    println!("{summary}");
+    for (r, t) in recs.iter().zip(&sent) {
+        let t0 = r["t0_ns"].as_u64().unwrap();
+        let early_ms = (*t as f64 - t0 as f64) / 1e6;
+        println!(
+            "t0 − client send: {:+.3} ms ({} {})",
+            -early_ms, r["t0_source"], r["queue_s"]
+        );
+        assert_eq!(r["t0_source"], "arrival", "{r}");
+        assert!(
+            early_ms < 1.0 && early_ms > -50.0,
+            "t0 is the engine request's own arrival, not the namesake's bytes': \
+             {early_ms:.3} ms before the client's send: {r}"
+        );
+    }
+    assert!(
+        summary.contains("\"arrival_foreign\":") && !summary.contains("\"arrival_foreign\":0"),
+        "the namesake's segments were told apart: {summary}"
+    );
 }

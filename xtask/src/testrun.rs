@@ -75,6 +75,13 @@ pub fn test(args: Vec<String>) -> Result<()> {
         run.arg("--include-ignored");
     }
     let (ok, output) = merged(&mut run, true)?;
+    if !ok {
+        // A log shown by its head and tail (CI's) loses the middle, where
+        // cargo prints why a test failed: say it again last.
+        for p in panics(&output) {
+            eprintln!("xtask: failed: {p}");
+        }
+    }
     if root {
         let tally = tally(&listed, &output);
         eprintln!(
@@ -218,6 +225,34 @@ fn tally(listed: &BTreeMap<String, BTreeSet<String>>, run_output: &str) -> Tally
     t
 }
 
+/// Longest excerpt of one panic message repeated in the digest.
+const PANIC_EXCERPT_CHARS: usize = 3000;
+
+/// Each test panic in `output`: its `thread '…' panicked at …` line and
+/// the message under it (to the next blank or `note:` line), shortened.
+fn panics(output: &str) -> Vec<String> {
+    let mut found = vec![];
+    let mut lines = output.lines();
+    while let Some(line) = lines.next() {
+        if !(line.starts_with("thread '") && line.contains("' panicked at ")) {
+            continue;
+        }
+        let mut text = line.to_string();
+        for l in lines.by_ref() {
+            if l.trim().is_empty() || l.starts_with("note: ") {
+                break;
+            }
+            text.push('\n');
+            text.push_str(l);
+        }
+        if text.chars().count() > PANIC_EXCERPT_CHARS {
+            text = text.chars().take(PANIC_EXCERPT_CHARS).collect::<String>() + " […]";
+        }
+        found.push(text);
+    }
+    found
+}
+
 /// Runs `cmd` with its stdout and stderr merged in one pipe (so cargo's
 /// `Running …` lines stay in order with the harness output), echoing
 /// everything to stderr when `echo`; returns whether it succeeded and what
@@ -287,6 +322,35 @@ test export ... ok
 test export ... ignored, needs root: loads eBPF
 ";
         assert_eq!(tally(&root_tests(LIST), run), Tally { ran: 2, passed: 1 });
+    }
+
+    #[test]
+    fn a_failed_tests_panic_message_is_found_for_the_digest() {
+        let out = "\
+test a ... FAILED
+
+failures:
+
+---- a stdout ----
+table row
+thread 'a' panicked at tests/tests/a.rs:10:5:
+assertion `left == right` failed: the reason
+  left: 1
+ right: 2
+note: run with `RUST_BACKTRACE=1` environment variable to display a backtrace
+
+thread 'b' panicked at tests/tests/b.rs:3:1:
+";
+        let p = panics(out);
+        assert_eq!(p.len(), 2);
+        assert_eq!(
+            p[0],
+            "thread 'a' panicked at tests/tests/a.rs:10:5:\nassertion `left == right` failed: \
+             the reason\n  left: 1\n right: 2"
+        );
+        assert!(p[1].starts_with("thread 'b'"));
+        let long = format!("thread 'c' panicked at x:\n{}\n", "y".repeat(5000));
+        assert!(panics(&long)[0].ends_with(" […]"));
     }
 
     #[test]

@@ -412,6 +412,12 @@ mod tests {
         let shifted = TCP_PROBE_6_18.replace("data_len;\toffset:76;", "data_len;\toffset:72;");
         let e = arrival_layout_matches(&shifted).unwrap_err().to_string();
         assert!(e.contains("data_len is not at offset 76"), "{e}");
+        // A kernel whose record has no socket cookie (before Linux 5.6):
+        // segments could not be told apart by socket.
+        let e = arrival_layout_matches(&TCP_PROBE_6_18.replace("sock_cookie", "other"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("no field sock_cookie"), "{e}");
         let e = arrival_layout_matches("format:\n").unwrap_err().to_string();
         assert!(e.contains("no field daddr"), "{e}");
     }

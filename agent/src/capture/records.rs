@@ -88,6 +88,7 @@ impl State {
                         local_port: h.fd as u16,
                         peer,
                         len: h.ret.max(0) as u32,
+                        cookie: h.cookie(),
                     }));
                 }
             }

@@ -12,10 +12,20 @@
 //! segments were lost, reads bytes the ledger never saw and stops using
 //! arrivals (its requests keep `t0_source = "read"`).
 //!
-//! The join key has no network namespace: two engines on the same port in
-//! different namespaces, with clients at the same address and port, would
-//! mix (loopback clients of look-alike pods); the ledger's coverage check
-//! then usually turns arrivals off for them.
+//! Addresses alone do not name a connection for long: a client port is
+//! reused, and the join key has no network namespace (two engines on one
+//! port in different namespaces, with loopback clients at the same port).
+//! A segment that reaches no open connection — one arriving after its
+//! connection closed, or one of a socket that is not a target's — would
+//! wait under its key and be claimed by the next connection with those
+//! addresses, dating that connection's first request by the old segment
+//! (a fidelity run saw a request 5.46 s early). So every segment carries
+//! its socket's cookie (`tcp_probe`'s `sock_cookie`, one per socket), and
+//! a ledger holds one socket's segments: another socket's segment starts
+//! a fresh pending ledger, or, on a claimed ledger that nothing has been
+//! read from yet (it was claimed stale), replaces it; a foreign segment
+//! on a connection that has read is set aside under the key
+//! (`arrival_foreign` in the decode stats).
 
 use std::{
     collections::{HashMap, VecDeque},
@@ -31,6 +41,8 @@ const MAX_PENDING: usize = 4096;
 const MAX_SEGMENTS: usize = 4096;
 /// Pending arrivals older than this are forgotten (no accept came).
 const PENDING_TTL_NS: u64 = 120_000_000_000;
+/// Pending arrivals are swept this often (event time).
+const SWEEP_EVERY_NS: u64 = 10_000_000_000;
 
 /// One connection's received bytes: (cumulative end offset, arrival time)
 /// per segment not yet read through.
@@ -43,6 +55,8 @@ pub struct Ledger {
     last_len: u32,
     /// Segments taken for retransmissions of data already here.
     pub duplicates: u64,
+    /// The socket these segments reached (0: not known yet).
+    cookie: u64,
 }
 
 /// A segment as long as the newest one, arriving this long after it while
@@ -129,6 +143,11 @@ pub struct Arrivals {
     pub by_addr: HashMap<(u16, SocketAddr), (u32, i32)>,
     /// Arrival events seen (for stats).
     pub events: u64,
+    /// Segments of another socket than the ledger's under the same key
+    /// (a stale ledger replaced, or a foreign segment set aside).
+    pub foreign: u64,
+    /// Event time of the last sweep of `pending`.
+    swept_ns: u64,
 }
 
 /// Where an arrival goes.
@@ -146,21 +165,36 @@ impl Arrivals {
         if let Some(c) = self.by_addr.get(&k) {
             return Route::Conn(*c);
         }
-        if !self.pending.contains_key(&k) && self.pending.len() >= MAX_PENDING {
+        self.hold(k, a);
+        Route::Held
+    }
+
+    /// Keeps a segment under its key until a connection claims it.
+    fn hold(&mut self, k: (u16, SocketAddr), a: &ArrivalEvent) {
+        if a.ts_ns >= self.swept_ns + SWEEP_EVERY_NS {
+            self.swept_ns = a.ts_ns;
             let horizon = a.ts_ns.saturating_sub(PENDING_TTL_NS);
             self.pending.retain(|_, (t, _)| *t >= horizon);
-            if self.pending.len() >= MAX_PENDING {
-                return Route::Held; // dropped: the table is full of live ones
+        }
+        if let Some((_, l)) = self.pending.get(&k) {
+            if !l.same_socket(a.cookie) {
+                // An older socket's segments under these addresses: never
+                // the new connection's.
+                self.foreign += 1;
+                self.pending.remove(&k);
             }
+        }
+        if !self.pending.contains_key(&k) && self.pending.len() >= MAX_PENDING {
+            return; // dropped: the table is full of live ones
         }
         let (_, l) = self
             .pending
             .entry(k)
             .or_insert_with(|| (a.ts_ns, Ledger::default()));
+        l.cookie = a.cookie;
         if !l.push(a.ts_ns, a.len) {
             self.pending.remove(&k);
         }
-        Route::Held
     }
 
     /// A server connection opened: its ledger (with what arrived before
@@ -180,9 +214,31 @@ impl Arrivals {
     }
 
     /// Adds a segment to an open connection's ledger; false when it
-    /// overflowed (drop the ledger).
-    pub fn push(l: &mut Ledger, a: &ArrivalEvent) -> bool {
+    /// overflowed (drop the ledger). A segment of another socket than the
+    /// ledger's replaces a ledger nothing was read from (claimed stale:
+    /// the connection's own bytes start here), and is otherwise held
+    /// under its key as if no connection had those addresses.
+    pub fn push(&mut self, l: &mut Ledger, a: &ArrivalEvent) -> bool {
+        if !l.same_socket(a.cookie) {
+            self.foreign += 1;
+            if l.read > 0 {
+                self.hold(key(a.local_port, a.peer), a);
+                return true;
+            }
+            *l = Ledger::default();
+        }
+        if a.cookie != 0 {
+            l.cookie = a.cookie;
+        }
         l.push(a.ts_ns, a.len)
+    }
+}
+
+impl Ledger {
+    /// Whether a segment reaching socket `cookie` belongs with this
+    /// ledger's (either unknown: assumed so).
+    fn same_socket(&self, cookie: u64) -> bool {
+        self.cookie == 0 || cookie == 0 || self.cookie == cookie
     }
 }
 
@@ -241,6 +297,7 @@ mod tests {
             local_port: 8000,
             peer,
             len,
+            cookie: 1,
         };
         assert!(matches!(a.route(&ev(1, 100)), Route::Held));
         let mapped: SocketAddr = "[::ffff:10.0.0.2]:5555".parse().unwrap();
@@ -249,5 +306,81 @@ mod tests {
         assert!(matches!(a.route(&ev(2, 10)), Route::Conn((7, 3))));
         a.release(8000, peer, (7, 3));
         assert!(matches!(a.route(&ev(3, 10)), Route::Held));
+    }
+
+    #[test]
+    fn a_segment_that_reached_no_connection_is_never_a_later_connections() {
+        let s = 1_000_000_000;
+        let mut a = Arrivals::default();
+        let peer: SocketAddr = "127.0.0.1:41000".parse().unwrap();
+        let ev = |ts, len, cookie| ArrivalEvent {
+            ts_ns: ts,
+            local_port: 8000,
+            peer,
+            len,
+            cookie,
+        };
+        // A connection's last segment comes after its close was handled:
+        // it waits under the connection's addresses.
+        let mut old = a.claim(8000, peer, (7, 3));
+        assert!(matches!(a.route(&ev(s, 100, 11)), Route::Conn((7, 3))));
+        assert!(a.push(&mut old, &ev(s, 100, 11)));
+        assert!(old.consume(100));
+        a.release(8000, peer, (7, 3));
+        assert!(matches!(a.route(&ev(2 * s, 50, 11)), Route::Held));
+
+        // The client port is reused 5 s later: the new connection is
+        // accepted before it sends (the stale segment is claimed) …
+        let mut new = a.claim(8000, peer, (7, 4));
+        assert_eq!(new.at(0), Some(2 * s), "claimed stale, as addresses say");
+        // … and its own first segment replaces what was claimed.
+        assert!(matches!(a.route(&ev(7 * s, 300, 12)), Route::Conn((7, 4))));
+        assert!(a.push(&mut new, &ev(7 * s, 300, 12)));
+        assert_eq!(new.at(0), Some(7 * s), "its request arrived now");
+        assert!(new.consume(300), "and the ledger covers what it reads");
+        assert_eq!(a.foreign, 1);
+
+        // Its data arrives before the accept, behind a stale segment.
+        a.release(8000, peer, (7, 4));
+        assert!(matches!(a.route(&ev(8 * s, 40, 12)), Route::Held));
+        assert!(matches!(a.route(&ev(9 * s, 200, 13)), Route::Held));
+        let l = a.claim(8000, peer, (7, 5));
+        assert_eq!(l.at(0), Some(9 * s), "only the new socket's bytes");
+        assert_eq!(a.foreign, 2);
+
+        // A namesake socket's segment on a connection that has read (one
+        // in another network namespace): set aside, the ledger unchanged.
+        let mut l = l;
+        assert!(l.consume(100));
+        assert!(a.push(&mut l, &ev(10 * s, 64, 99)));
+        assert_eq!(l.at(0), Some(9 * s));
+        assert!(l.consume(100));
+        assert!(!l.consume(1), "the namesake's bytes are not this one's");
+        assert_eq!(a.foreign, 3);
+    }
+
+    #[test]
+    fn pending_segments_no_connection_claims_are_swept() {
+        let s = 1_000_000_000;
+        let mut a = Arrivals::default();
+        for i in 0..50u16 {
+            let peer = SocketAddr::new("10.0.0.9".parse().unwrap(), 30000 + i);
+            a.route(&ArrivalEvent {
+                ts_ns: s + i as u64,
+                local_port: 8000,
+                peer,
+                len: 10,
+                cookie: 100 + i as u64,
+            });
+        }
+        assert_eq!(a.pending.len(), 50);
+        a.route(&ArrivalEvent {
+            ts_ns: s + PENDING_TTL_NS + SWEEP_EVERY_NS,
+            local_port: 8000,
+            peer: "10.0.0.9:40000".parse().unwrap(),
+            len: 10,
+            cookie: 7,
+        });
+        assert_eq!(a.pending.len(), 1, "the old ones are gone");
     }
 }

@@ -86,6 +86,10 @@ pub struct DecodeStats {
     /// Arrival segments taken for retransmissions of bytes the socket
     /// already held (not counted in the arrival ledger).
     pub arrival_retransmissions: u64,
+    /// Arrival segments of another socket than the ledger's under the same
+    /// addresses (a reused client port, a namesake in another network
+    /// namespace): kept apart, never dating this connection's bytes.
+    pub arrival_foreign: u64,
     /// Requests whose `traceparent` header was malformed or all-zero
     /// (ignored: they start a trace of their own).
     pub invalid_traceparent: u64,
@@ -736,7 +740,7 @@ impl Decoder {
                     if let Some(conn) = conns.get_mut(&k) {
                         if let Some(l) = &mut conn.ledger {
                             let dups = l.duplicates;
-                            if !arrival::Arrivals::push(l, a) {
+                            if !arrivals.push(l, a) {
                                 conn.ledger = None;
                             } else if l.duplicates > dups {
                                 out.stats.arrival_retransmissions += 1;
@@ -744,6 +748,7 @@ impl Decoder {
                         }
                     }
                 }
+                out.stats.arrival_foreign = arrivals.foreign;
             }
             SocketEvent::Data(d) => {
                 if d.truncated() {
@@ -1127,6 +1132,7 @@ mod tests {
             local_port: 8000,
             peer: "127.0.0.1:40000".parse().unwrap(),
             len,
+            cookie: 1,
         })
     }
 
