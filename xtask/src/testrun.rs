@@ -234,12 +234,14 @@ fn panics(output: &str) -> Vec<String> {
     let mut found = vec![];
     let mut lines = output.lines();
     while let Some(line) = lines.next() {
-        if !(line.starts_with("thread '") && line.contains("' panicked at ")) {
+        // `thread 'NAME' panicked at …`, or `thread 'NAME' (TID) panicked
+        // at …` (Rust 1.92 on).
+        if !(line.starts_with("thread '") && line.contains(" panicked at ")) {
             continue;
         }
         let mut text = line.to_string();
         for l in lines.by_ref() {
-            if l.trim().is_empty() || l.starts_with("note: ") {
+            if l.trim().is_empty() || l.starts_with("note: ") || l.starts_with("stack backtrace:") {
                 break;
             }
             text.push('\n');
@@ -339,7 +341,10 @@ assertion `left == right` failed: the reason
  right: 2
 note: run with `RUST_BACKTRACE=1` environment variable to display a backtrace
 
-thread 'b' panicked at tests/tests/b.rs:3:1:
+thread 'b' (29072) panicked at tests/tests/b.rs:3:1:
+TTFT vs client p99 3.184 ms
+stack backtrace:
+   0: __rustc::rust_begin_unwind
 ";
         let p = panics(out);
         assert_eq!(p.len(), 2);
@@ -348,7 +353,10 @@ thread 'b' panicked at tests/tests/b.rs:3:1:
             "thread 'a' panicked at tests/tests/a.rs:10:5:\nassertion `left == right` failed: \
              the reason\n  left: 1\n right: 2"
         );
-        assert!(p[1].starts_with("thread 'b'"));
+        assert_eq!(
+            p[1],
+            "thread 'b' (29072) panicked at tests/tests/b.rs:3:1:\nTTFT vs client p99 3.184 ms"
+        );
         let long = format!("thread 'c' panicked at x:\n{}\n", "y".repeat(5000));
         assert!(panics(&long)[0].ends_with(" […]"));
     }
