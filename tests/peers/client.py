@@ -11,7 +11,11 @@ chunks (it closes the connection mid-stream).
 
 Client timing, per request, taken at the client's socket (CLOCK_REALTIME
 ns): a wrapper around httpcore's network stream stamps the first write of
-each request (t_send, just before the send), and every read with the
+each request with the kernel's transmit timestamp of its bytes (t_send:
+SO_TIMESTAMPING's software stamp, taken as the segment leaves for the
+device, so a client descheduled between its clock read and the send does
+not add that pause to its TTFT; the clock just before the send when no
+stamp comes, `send_stamp: "clock"`), and every read with the
 kernel's receive timestamp of the data it returned (SO_TIMESTAMPNS, the
 arrival of the newest segment read), so a client busy parsing the previous
 event does not delay the next one's time; an event the SDK yields carries
@@ -42,6 +46,8 @@ keeps up.
               tokens when the server reported them, else content chunks
               (tokentap's definition, so the two are comparable)
   duration_s  last read of the response − t_send
+  send_stamp  "kernel" (t_send is the transmit timestamp) or "clock"
+              (none came within 50 ms; the clock before the send)
   first_rx_own  false when the first content event's receive timestamp
               is a later segment's (see above): ttft_s is then an upper
               bound, not the event's arrival
@@ -55,6 +61,7 @@ import argparse
 import fcntl
 import json
 import os
+import select
 import socket
 import ssl
 import struct
@@ -72,6 +79,16 @@ _local = threading.local()
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
 # Largest read (see the module doc: keeps per-event arrival times in bursts).
 READ_BYTES = 64
+# Transmit timestamps (linux/net_tstamp.h, linux/errqueue.h): SO_TIMESTAMPING
+# (the 64-bit-timespec form on x86-64 and arm64), software transmit stamps
+# reported, one per send call (OPT_ID), without the data echoed back (OPT_TSONLY).
+SO_TIMESTAMPING = getattr(socket, "SO_TIMESTAMPING", 37)
+SOF_TX_STAMPS = (1 << 1) | (1 << 4) | (1 << 7) | (1 << 11)
+SO_EE_ORIGIN_TIMESTAMPING = 4
+SCM_TSTAMP_SND = 0
+# How long a send's stamp may take to be queued (it is queued within the
+# send on loopback; TCP may hold a segment back, e.g. for its window).
+TX_STAMP_WAIT_S = 0.05
 
 
 def _waiting(sock):
@@ -97,7 +114,7 @@ def read_to_line_end(sock, max_bytes):
 
 
 def _recv_stamped(sock, n, flags):
-    data, anc, _flags, _addr = sock.recvmsg(n, 64, flags)
+    data, anc, _flags, _addr = sock.recvmsg(n, 256, flags)
     ts = None
     for level, kind, payload in anc:
         if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
@@ -126,6 +143,56 @@ def stamp_is_own(sock, ts, left):
         return True
     _data, later = _recv_stamped(sock, framing + 1, socket.MSG_PEEK)
     return _waiting(sock) == now and later is not None and later != ts
+
+
+def tx_stamp_on(sock, on):
+    """Turns the kernel's transmit timestamps for `sock`'s sends on or off
+    (receive stamps, SO_TIMESTAMPNS, are a separate switch)."""
+    sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPING, SOF_TX_STAMPS if on else 0)
+
+
+def take_tx_stamp(sock):
+    """The transmit timestamp (CLOCK_REALTIME ns) of the first send since
+    `tx_stamp_on(sock, True)`, from the socket's error queue, or None when
+    none is queued within TX_STAMP_WAIT_S. Drains the queue: a stamp left
+    there would make the socket report an error condition to its poller."""
+    # A socket with a timeout would wait for readable data before reading;
+    # the error queue is read without waiting, and polled (POLLERR) between.
+    timeout = sock.gettimeout()
+    sock.settimeout(0)
+    try:
+        return _drain_tx_stamps(sock)
+    finally:
+        sock.settimeout(timeout)
+
+
+def _drain_tx_stamps(sock):
+    deadline = time.monotonic() + TX_STAMP_WAIT_S
+    stamp = None
+    waiter = select.poll()
+    waiter.register(sock, select.POLLPRI)
+    while True:
+        try:
+            # (the plain socket's call: an SSLSocket refuses recvmsg)
+            _data, anc, _f, _a = socket.socket.recvmsg(sock, 0, 512, socket.MSG_ERRQUEUE)
+        except BlockingIOError:
+            if stamp is not None or time.monotonic() > deadline:
+                return stamp
+            waiter.poll(1)
+            continue
+        ts = err = None
+        for level, kind, payload in anc:
+            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPING:
+                sec, nsec = struct.unpack("qq", payload[:16])
+                ts = sec * 1_000_000_000 + nsec
+            elif len(payload) >= 16:
+                # struct sock_extended_err: errno, origin, type, code, pad, info, data
+                _errno, origin, _t, _c, _p, info, key = struct.unpack("IBBBBII", payload[:16])
+                err = (origin, info, key)
+        # The first queued is the first send's (its key is that send's
+        # last byte's offset since the stamps were turned on).
+        if stamp is None and ts and err is not None and err[:2] == (SO_EE_ORIGIN_TIMESTAMPING, SCM_TSTAMP_SND):
+            stamp = ts
 
 
 def _keep_timestamps_on():
@@ -174,7 +241,7 @@ class _TimedStream(httpcore.NetworkStream):
         record (a later segment joining its buffer would carry its stamp)."""
         self._sock.settimeout(timeout)
         try:
-            head, anc, _f, _a = socket.socket.recvmsg(self._sock, 5, 64, socket.MSG_PEEK)
+            head, anc, _f, _a = socket.socket.recvmsg(self._sock, 5, 256, socket.MSG_PEEK)
         except OSError:
             return (None, False)
         ts = None
@@ -208,9 +275,28 @@ class _TimedStream(httpcore.NetworkStream):
         return data
 
     def write(self, buffer, timeout=None):
-        if getattr(_local, "send_ns", None) is None:
-            _local.send_ns = time.time_ns()
-        self._s.write(buffer, timeout)
+        if getattr(_local, "send_ns", None) is not None:
+            self._s.write(buffer, timeout)
+            return
+        try:
+            tx_stamp_on(self._sock, True)
+            stamping = True
+        except OSError:  # e.g. a connection the peer already reset
+            stamping = False
+        clock = time.time_ns()
+        sent = False
+        try:
+            self._s.write(buffer, timeout)
+            sent = True
+        finally:
+            stamp = take_tx_stamp(self._sock) if stamping and sent else None
+            if stamping:
+                try:
+                    tx_stamp_on(self._sock, False)
+                except OSError:
+                    pass
+        _local.send_ns = stamp if stamp is not None else clock
+        _local.send_stamp = "kernel" if stamp is not None else "clock"
 
     def close(self):
         self._s.close()
@@ -327,6 +413,7 @@ def run_one(client, a, i, endpoint, stream, usage, cancel):
         duration_s=(t_end - t_send) / 1e9,
         ttft_sdk_s=(sdk_first - t_send) / 1e9 if sdk_first else None,
         send_ns=t_send,
+        send_stamp=_local.send_stamp,
         first_rx_ns=times[0] if times else None,
         first_rx_own=first_own,
         timings=timings,
@@ -381,6 +468,30 @@ def self_test():
         assert late_look is False, "a look after a later segment arrived vouched for the stamp"
         return ts, t_second, own
 
+    # The send stamp: the kernel's transmit time of the first send after
+    # stamps are turned on, between the clock before and after that send,
+    # and no later than the receiver's arrival stamp.
+    srv = socket.create_server(("127.0.0.1", 0))
+    cli = socket.create_connection(srv.getsockname())
+    eng, _ = srv.accept()
+    eng.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    for k in range(3):
+        tx_stamp_on(cli, True)
+        before = time.time_ns()
+        cli.sendall(b"GET / HTTP/1.1\r\n\r\n")
+        after = time.time_ns()
+        cli.sendall(b"x" * 100)  # a second send: its stamp must not be the one taken
+        tx = take_tx_stamp(cli)
+        tx_stamp_on(cli, False)
+        got, rx = _recv_stamped(eng, 4096, 0)
+        while len(got) < 118:
+            got += eng.recv(4096)
+        assert tx is not None, "no transmit timestamp (SO_TIMESTAMPING)"
+        assert before <= tx <= after, f"transmit stamp outside its send: {tx - before} ns after the clock before, {after - tx} ns before the clock after"
+        assert rx is not None and rx >= tx, f"arrival stamp {rx} before the transmit stamp {tx}"
+    for s_ in (cli, eng, srv):
+        s_.close()
+
     ts, t_second, own = first_event(behind=False)
     assert ts < t_second and own, f"a client that kept up: stamp {ts - t_second} ns after the second send, own={own}"
     merged = 0
@@ -388,7 +499,7 @@ def self_test():
         ts, t_second, own = first_event(behind=True)
         assert own == (ts < t_second), f"a client that fell behind: stamp {ts - t_second} ns after the second send, own={own}"
         merged += not own
-    print(f"client self-test: stamps judged right; the kernel merged the queued events {merged} of 5 times")
+    print(f"client self-test: transmit stamps taken; receive stamps judged right; the kernel merged the queued events {merged} of 5 times")
 
 
 def main():

@@ -441,6 +441,19 @@ pub fn payload(ev: &Value) -> Vec<u8> {
 }
 
 /// Wall-clock time, UNIX-epoch nanoseconds (0 if the clock is before 1970).
+/// Time this machine's CPUs together lost to its hypervisor so far (the
+/// `steal` column of /proc/stat's `cpu` line, USER_HZ = 100), ms: a VM
+/// whose vCPU is descheduled stops every clock-reading process at once,
+/// so a timing test prints how much of that its run saw.
+pub fn steal_ms() -> u64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    stat.lines()
+        .find(|l| l.starts_with("cpu "))
+        .and_then(|l| l.split_whitespace().nth(8))
+        .and_then(|v| v.parse::<u64>().ok())
+        .map_or(0, |ticks| ticks * 10)
+}
+
 pub fn now_ns() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
