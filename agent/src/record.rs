@@ -120,7 +120,8 @@ pub struct RequestRecord {
     /// loading the model (`model_load_s`, Ollama), prompt tokens served
     /// from its prefix cache (`cached_input_tokens`), and which engine
     /// field said so (`stages_source`: `llamacpp_timings`, `ollama`,
-    /// `tgi_headers`, `openai_usage`, or several joined by `+`).
+    /// `openai_usage`, `tgi_headers`, `vllm_metrics`, or several joined by
+    /// `+`).
     pub engine_queue_s: Option<f64>,
     pub prefill_s: Option<f64>,
     pub decode_s: Option<f64>,

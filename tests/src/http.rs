@@ -13,6 +13,7 @@ use std::{
     io::{self, Read, Write},
     net::TcpStream,
     os::fd::AsRawFd,
+    time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
 /// Head of a chunked `text/event-stream` 200 response, as engines send it.
@@ -282,6 +283,25 @@ pub fn abort(s: TcpStream) {
     };
     assert_eq!(rc, 0, "SO_LINGER: {}", std::io::Error::last_os_error());
     drop(s);
+}
+
+/// Sends `req` on a new connection to `addr` (no Nagle delay, a 5 s read
+/// timeout) and reads its whole response: a test's one request. Returns
+/// it with the clock (CLOCK_REALTIME ns) read just before and just after
+/// the write, which bound when the request left.
+pub fn exchange(addr: &str, req: &str) -> io::Result<(Response, [u64; 2])> {
+    let now = || {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+    };
+    let mut s = TcpStream::connect(addr)?;
+    s.set_nodelay(true)?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let lo = now();
+    s.write_all(req.as_bytes())?;
+    let hi = now();
+    Ok((read_response(&mut s)?, [lo, hi]))
 }
 
 /// Sends `POST path` with `body` on `s` and reads the whole response.

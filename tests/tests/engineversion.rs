@@ -13,13 +13,7 @@
 //! (3), and no `model_version.*` event after (1); the secret is in no file,
 //! no output line and no export.
 
-use std::{
-    io::{Read, Write},
-    net::TcpStream,
-    path::Path,
-    process::Command,
-    time::Duration,
-};
+use std::{path::Path, process::Command, time::Duration};
 
 use serde_json::{json, Value};
 use tokentap_tests::{
@@ -39,20 +33,9 @@ fn ask(addr: &str, model: &str) {
         &[("Connection", "close")],
         &body,
     );
-    let mut s = TcpStream::connect(addr).expect("connect to the engine");
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    s.write_all(req.as_bytes()).unwrap();
-    let mut got = Vec::new();
-    let mut buf = [0u8; 4096];
-    // To the end of the stream (the engine may keep the connection).
-    while !String::from_utf8_lossy(&got).contains("0\r\n\r\n") {
-        match s.read(&mut buf) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => got.extend_from_slice(&buf[..n]),
-        }
-    }
+    let (r, _) = http::exchange(addr, &req).expect("a response from the engine");
     assert!(
-        String::from_utf8_lossy(&got).contains("[DONE]"),
+        String::from_utf8_lossy(&r.body).contains("[DONE]"),
         "{model}: no stream"
     );
 }

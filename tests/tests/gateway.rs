@@ -14,26 +14,13 @@
 //! proxy's upstream view is never a record, `tokentap.requests` is the
 //! number of requests, and the TTFT histogram has them under both roles.
 
-use std::{
-    io::{Read, Write},
-    net::TcpStream,
-    path::Path,
-    process::Command,
-    time::{Duration, SystemTime, UNIX_EPOCH},
-};
+use std::{path::Path, process::Command, time::Duration};
 
 use serde_json::{json, Value};
 use tokentap_tests::{
     assert_root, free_port, http, interrupt, otlp, read_jsonl, scratch_dir, start, tokentap_bin,
     Netns, Running,
 };
-
-fn now_ns() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64
-}
 
 /// nginx's master, stopped the way its service stops it (SIGTERM: the
 /// workers leave with it; a SIGKILL would orphan them).
@@ -65,15 +52,8 @@ fn ask(addr: &str, id: u64) -> [u64; 2] {
         &[("Connection", "close")],
         &body,
     );
-    let mut s = TcpStream::connect(addr).expect("connect to nginx");
-    s.set_nodelay(true).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    let lo = now_ns();
-    s.write_all(req.as_bytes()).unwrap();
-    let hi = now_ns();
-    let mut got = Vec::new();
-    let _ = s.read_to_end(&mut got);
-    let t = String::from_utf8_lossy(&got);
+    let (r, [lo, hi]) = http::exchange(addr, &req).expect("a response through nginx");
+    let t = String::from_utf8_lossy(&r.body);
     assert!(t.contains("[DONE]"), "request {id} through nginx: {t}");
     [lo, hi]
 }

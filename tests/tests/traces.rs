@@ -8,13 +8,7 @@
 //! error status. A malformed or all-zero `traceparent` starts a trace of
 //! its own (counted), never an error.
 
-use std::{
-    io::{Read, Write},
-    net::TcpStream,
-    path::Path,
-    process::Command,
-    time::Duration,
-};
+use std::{path::Path, process::Command, time::Duration};
 
 use serde_json::{json, Value};
 use tokentap_tests::{
@@ -35,24 +29,16 @@ fn ask(addr: &str, id: u64, ttft_ms: u64, status: u16, traceparent: &str) {
         &[("traceparent", traceparent), ("Connection", "close")],
         &body,
     );
-    let mut s = TcpStream::connect(addr).expect("connect to the engine");
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    s.write_all(req.as_bytes()).unwrap();
-    let mut got = Vec::new();
-    let mut buf = [0u8; 4096];
-    loop {
-        match s.read(&mut buf) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => {
-                got.extend_from_slice(&buf[..n]);
-                let t = String::from_utf8_lossy(&got);
-                if t.contains("[DONE]") || (status != 200 && t.contains("\r\n\r\n{")) {
-                    break;
-                }
-            }
-        }
+    let (r, _) = http::exchange(addr, &req).expect("a response from the engine");
+    let t = String::from_utf8_lossy(&r.body);
+    assert!(
+        r.head.text.starts_with(&format!("http/1.1 {status}")),
+        "request {id}: {}",
+        r.head.text
+    );
+    if status == 200 {
+        assert!(t.contains("[DONE]"), "request {id}: {t}");
     }
-    assert!(!got.is_empty(), "request {id}: no response");
 }
 
 fn span_id(i: u64) -> String {

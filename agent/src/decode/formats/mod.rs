@@ -241,7 +241,7 @@ pub struct Stages {
     /// Input tokens served from a prefix cache.
     pub cached_input_tokens: Option<u64>,
     /// The engine field they came from (`llamacpp_timings`, `ollama`,
-    /// `tgi_headers`, `openai_usage`).
+    /// `tgi_headers`, `openai_usage`, `vllm_metrics`).
     pub source: Option<&'static str>,
 }
 
@@ -282,28 +282,27 @@ impl Stages {
 }
 
 /// The engine fields stages come from, in the order their names join.
-const SOURCES: [&str; 4] = ["llamacpp_timings", "ollama", "openai_usage", "tgi_headers"];
-
-/// Every set of [`SOURCES`] (bit i = `SOURCES[i]`), joined by `+` (a test
-/// holds the table to that rule).
-const SOURCES_JOINED: [&str; 16] = [
-    "",
+const SOURCES: [&str; 5] = [
     "llamacpp_timings",
     "ollama",
-    "llamacpp_timings+ollama",
     "openai_usage",
-    "llamacpp_timings+openai_usage",
-    "ollama+openai_usage",
-    "llamacpp_timings+ollama+openai_usage",
     "tgi_headers",
-    "llamacpp_timings+tgi_headers",
-    "ollama+tgi_headers",
-    "llamacpp_timings+ollama+tgi_headers",
-    "openai_usage+tgi_headers",
-    "llamacpp_timings+openai_usage+tgi_headers",
-    "ollama+openai_usage+tgi_headers",
-    "llamacpp_timings+ollama+openai_usage+tgi_headers",
+    "vllm_metrics",
 ];
+
+/// Every set of [`SOURCES`] (bit i = `SOURCES[i]`), joined by `+`: built
+/// once, so a record's `stages_source` stays a `&'static str`.
+static SOURCES_JOINED: std::sync::LazyLock<Vec<&'static str>> = std::sync::LazyLock::new(|| {
+    (0..1usize << SOURCES.len())
+        .map(|m| {
+            let names: Vec<&str> = (0..SOURCES.len())
+                .filter(|i| m & 1 << i != 0)
+                .map(|i| SOURCES[i])
+                .collect();
+            &*Box::leak(names.join("+").into_boxed_str())
+        })
+        .collect()
+});
 
 fn source_bits(s: Option<&str>) -> usize {
     let Some(s) = s else { return 0 };
@@ -434,6 +433,54 @@ impl<'de: 'a, 'a> Deserialize<'de> for Loose<'a> {
             }
             ignore_others!(Loose<'a>, Loose(None));
             ignore_seq!(Loose<'a>, Loose(None));
+        }
+        d.deserialize_any(V(std::marker::PhantomData))
+    }
+}
+
+/// A JSON object read as `T`; any other JSON value (null, a string, a
+/// number, an array) reads as absent rather than failing the whole event:
+/// for objects under generic keys (`metrics`, `timings`, `response`) that
+/// another server may fill with something else.
+#[derive(Debug)]
+struct Obj<T>(Option<T>);
+
+impl<T> Default for Obj<T> {
+    fn default() -> Self {
+        Obj(None)
+    }
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Obj<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<T>(std::marker::PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> Visitor<'de> for V<T> {
+            type Value = Obj<T>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("anything")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, m: A) -> Result<Obj<T>, A::Error> {
+                T::deserialize(de::value::MapAccessDeserializer::new(m)).map(|t| Obj(Some(t)))
+            }
+            fn visit_str<E: de::Error>(self, _: &str) -> Result<Obj<T>, E> {
+                Ok(Obj(None))
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Obj<T>, E> {
+                Ok(Obj(None))
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Obj<T>, E> {
+                Ok(Obj(None))
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<Obj<T>, E> {
+                Ok(Obj(None))
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Obj<T>, E> {
+                Ok(Obj(None))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Obj<T>, E> {
+                Ok(Obj(None))
+            }
+            ignore_seq!(Obj<T>, Obj(None));
         }
         d.deserialize_any(V(std::marker::PhantomData))
     }
@@ -587,6 +634,31 @@ impl Timings {
             decode_us: self.predicted_ms.0.and_then(ms_to_us),
             cached_input_tokens: self.cache_n.0,
             source: Some("llamacpp_timings"),
+            ..Stages::default()
+        }
+    }
+}
+
+/// vLLM's per-request `metrics` object (`--enable-per-request-metrics`,
+/// vllm-project/vllm#46768; on a stream's final usage chunk, at the top of
+/// a whole response, in the Responses API's final `response`): `queue_time_ms` waiting in the scheduler,
+/// `time_to_first_token_ms` from being scheduled to the first token (the
+/// prefill), `generation_time_ms` from the first token to the last.
+#[derive(Deserialize, Default, Debug)]
+#[serde(default)]
+struct VllmMetrics {
+    queue_time_ms: Float,
+    time_to_first_token_ms: Float,
+    generation_time_ms: Float,
+}
+
+impl VllmMetrics {
+    fn stages(&self) -> Stages {
+        Stages {
+            engine_queue_us: self.queue_time_ms.0.and_then(ms_to_us),
+            prefill_us: self.time_to_first_token_ms.0.and_then(ms_to_us),
+            decode_us: self.generation_time_ms.0.and_then(ms_to_us),
+            source: Some("vllm_metrics"),
             ..Stages::default()
         }
     }
@@ -769,12 +841,15 @@ mod tests {
 
     #[test]
     fn stage_sources_join_in_one_order_whatever_order_they_came_in() {
+        assert_eq!(SOURCES_JOINED.len(), 32);
+        assert_eq!(SOURCES_JOINED[0], "");
+        assert_eq!(SOURCES_JOINED[0b10100], "openai_usage+vllm_metrics");
         for (m, joined) in SOURCES_JOINED.iter().enumerate() {
-            let want: Vec<&str> = (0..4)
-                .filter(|i| m & 1 << i != 0)
-                .map(|i| SOURCES[i])
-                .collect();
-            assert_eq!(*joined, want.join("+"), "bits {m}");
+            assert_eq!(
+                source_bits(Some(joined)),
+                m,
+                "{joined} reads back as its bits"
+            );
         }
         let s = |src: &'static str| Stages {
             prefill_us: Some(1),

@@ -5,13 +5,14 @@
 //! Must not: build a vector or a string per event on the chat path
 //! (`choices` is folded while parsing; strings borrow from the event).
 
-use std::{borrow::Cow, marker::PhantomData};
+use std::borrow::Cow;
 
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 
 use super::{
-    add, stronger, usage_into, Content, EventInfo, Format, Loose, NonEmptySeq, Text, Timings, Usage,
+    add, stronger, usage_into, Content, EventInfo, Format, Loose, NonEmptySeq, Obj, Text, Timings,
+    Usage, VllmMetrics,
 };
 
 /// A chat `delta` or `message` (Ollama's `message` has the same shape).
@@ -113,7 +114,8 @@ struct OpenAiObj<'a> {
     #[serde(borrow)]
     choices: Option<Choices<'a>>,
     usage: Option<Usage>,
-    timings: Option<Timings>,
+    timings: Obj<Timings>,
+    metrics: Obj<VllmMetrics>,
     error: Option<IgnoredAny>,
 }
 
@@ -128,8 +130,9 @@ pub fn set_fast_path(on: bool) {
 }
 
 /// Keys whose presence with any value but `null` needs the full parse.
-const SLOW_KEYS: [&[u8]; 10] = [
+const SLOW_KEYS: [&[u8]; 11] = [
     b"\"usage\"",
+    b"\"metrics\"",
     b"\"tool_calls\"",
     b"\"reasoning_content\"",
     b"\"reasoning\"",
@@ -317,7 +320,7 @@ fn serde_interpret(format: Format, json: &[u8]) -> Option<EventInfo<'_>> {
     }
     // llama.cpp's server puts its counts in `timings` when the
     // client did not ask for usage.
-    if let Some(t) = &o.timings {
+    if let Some(t) = &o.timings.0 {
         if info.input_tokens.is_none() {
             info.input_tokens = t.prompt_n.0;
         }
@@ -325,6 +328,9 @@ fn serde_interpret(format: Format, json: &[u8]) -> Option<EventInfo<'_>> {
             info.output_tokens = t.predicted_n.0;
         }
         info.stages.merge(&t.stages());
+    }
+    if let Some(m) = &o.metrics.0 {
+        info.stages.merge(&m.stages());
     }
     if format == Format::Unknown && info.content == Content::None {
         // Unknown shapes: every event is a chunk; tokens unknown.
@@ -348,6 +354,7 @@ struct ResponsesObj<'a> {
     usage: Option<Usage>,
     #[serde(borrow)]
     incomplete_details: Option<IncompleteDetails<'a>>,
+    metrics: Obj<VllmMetrics>,
 }
 
 #[derive(Deserialize, Default, Debug)]
@@ -355,50 +362,6 @@ struct ResponsesObj<'a> {
 struct IncompleteDetails<'a> {
     #[serde(borrow)]
     reason: Loose<'a>,
-}
-
-/// The `response` object of a Responses event; any other JSON type reads
-/// as absent.
-#[derive(Debug, Default)]
-struct ResponseField<'a>(Option<ResponsesObj<'a>>);
-
-impl<'de: 'a, 'a> Deserialize<'de> for ResponseField<'a> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V<'a>(PhantomData<&'a ()>);
-        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
-            type Value = ResponseField<'a>;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a response object")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, m: A) -> Result<ResponseField<'a>, A::Error> {
-                let o = ResponsesObj::deserialize(de::value::MapAccessDeserializer::new(m))?;
-                Ok(ResponseField(Some(o)))
-            }
-            fn visit_str<E: de::Error>(self, _: &str) -> Result<ResponseField<'a>, E> {
-                Ok(ResponseField(None))
-            }
-            fn visit_bool<E: de::Error>(self, _: bool) -> Result<ResponseField<'a>, E> {
-                Ok(ResponseField(None))
-            }
-            fn visit_i64<E: de::Error>(self, _: i64) -> Result<ResponseField<'a>, E> {
-                Ok(ResponseField(None))
-            }
-            fn visit_u64<E: de::Error>(self, _: u64) -> Result<ResponseField<'a>, E> {
-                Ok(ResponseField(None))
-            }
-            fn visit_f64<E: de::Error>(self, _: f64) -> Result<ResponseField<'a>, E> {
-                Ok(ResponseField(None))
-            }
-            fn visit_unit<E: de::Error>(self) -> Result<ResponseField<'a>, E> {
-                Ok(ResponseField(None))
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut s: A) -> Result<ResponseField<'a>, A::Error> {
-                while s.next_element::<IgnoredAny>()?.is_some() {}
-                Ok(ResponseField(None))
-            }
-        }
-        d.deserialize_any(V(PhantomData))
-    }
 }
 
 /// One Responses API stream event (`type` says which), or a whole
@@ -415,7 +378,8 @@ struct ResponsesEvent<'a> {
     kind: Loose<'a>,
     delta: Text,
     #[serde(borrow)]
-    response: ResponseField<'a>,
+    response: Obj<ResponsesObj<'a>>,
+    metrics: Obj<VllmMetrics>,
     error: Option<IgnoredAny>,
 }
 
@@ -455,6 +419,12 @@ pub(super) fn interpret_responses(json: &[u8]) -> Option<EventInfo<'_>> {
         if info.model.is_none() {
             info.model = r.model.0;
         }
+        if let Some(m) = &r.metrics.0 {
+            info.stages.merge(&m.stages());
+        }
+    }
+    if let Some(m) = &o.metrics.0 {
+        info.stages.merge(&m.stages());
     }
     if kind == "error" {
         info.error = true;
@@ -482,6 +452,74 @@ mod tests {
         .unwrap();
         assert_eq!(e.content, Content::Answer);
         assert_eq!(e.model.as_deref(), Some("m"));
+    }
+
+    #[test]
+    fn vllms_per_request_metrics_give_the_engines_stages() {
+        // vLLM's final usage chunk with `--enable-per-request-metrics`
+        // (the shape in its docs/features/per_request_metrics.md).
+        let e = interpret_any(
+            Format::OpenAiChat,
+            br#"{"id":"chatcmpl-abc123","object":"chat.completion.chunk","model":"m","choices":[],"usage":{"prompt_tokens":42,"completion_tokens":128,"total_tokens":170,"prompt_tokens_details":{"cached_tokens":32}},"metrics":{"time_to_first_token_ms":85.2,"generation_time_ms":1240.5,"queue_time_ms":12.3,"mean_itl_ms":9.1,"tokens_per_second":103.2}}"#,
+        )
+        .unwrap();
+        assert_eq!(e.stages.engine_queue_us, Some(12_300));
+        assert_eq!(e.stages.prefill_us, Some(85_200));
+        assert_eq!(e.stages.decode_us, Some(1_240_500));
+        assert_eq!(e.stages.cached_input_tokens, Some(32));
+        assert_eq!(e.stages.source, Some("openai_usage+vllm_metrics"));
+        assert_eq!(e.output_tokens, Some(128));
+        // A whole completion, and a Responses API final event.
+        let e = interpret_any(
+            Format::OpenAiCompletions,
+            br#"{"choices":[{"text":"hi","finish_reason":"stop"}],"metrics":{"time_to_first_token_ms":5,"generation_time_ms":null,"queue_time_ms":0.5}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            (
+                e.stages.engine_queue_us,
+                e.stages.prefill_us,
+                e.stages.decode_us
+            ),
+            (Some(500), Some(5_000), None)
+        );
+        let e = interpret_any(
+            Format::OpenAiResponses,
+            br#"{"type":"response.completed","response":{"status":"completed","usage":{"input_tokens":3,"output_tokens":4},"metrics":{"time_to_first_token_ms":7.5,"generation_time_ms":30,"queue_time_ms":1}}}"#,
+        )
+        .unwrap();
+        assert_eq!(e.stages.prefill_us, Some(7_500));
+        assert_eq!(e.stages.source, Some("vllm_metrics"));
+        // All null (the timing data was not available), or suppressed (n > 1).
+        for json in [
+            &br#"{"choices":[],"usage":{"completion_tokens":2},"metrics":{"time_to_first_token_ms":null,"generation_time_ms":null,"queue_time_ms":null}}"#[..],
+            br#"{"choices":[],"usage":{"completion_tokens":2},"metrics":null}"#,
+        ] {
+            let e = interpret_any(Format::OpenAiChat, json).unwrap();
+            assert!(e.stages.is_empty(), "{}", String::from_utf8_lossy(json));
+            assert_eq!(e.output_tokens, Some(2));
+        }
+    }
+
+    #[test]
+    fn a_metrics_or_timings_key_holding_something_else_hides_nothing() {
+        // Another server's `metrics` / `timings` that are not vLLM's or
+        // llama.cpp's objects: the event still reads, with no stages.
+        for json in [
+            &br#"{"choices":[{"delta":{"content":"Hi"}}],"metrics":"on"}"#[..],
+            br#"{"choices":[{"delta":{"content":"Hi"}}],"metrics":[1,2]}"#,
+            br#"{"choices":[{"delta":{"content":"Hi"}}],"timings":42}"#,
+            br#"{"choices":[{"delta":{"content":"Hi"}}],"metrics":{"queue_time_ms":"slow"}}"#,
+        ] {
+            let e = interpret_any(Format::OpenAiChat, json).unwrap();
+            assert_eq!(
+                e.content,
+                Content::Answer,
+                "{}",
+                String::from_utf8_lossy(json)
+            );
+            assert!(e.stages.is_empty(), "{}", String::from_utf8_lossy(json));
+        }
     }
 
     #[test]
