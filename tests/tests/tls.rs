@@ -180,6 +180,9 @@ fn tls_engine(mode: Mode) {
             "--propagation",
             "private",
             "--fork",
+            // The engine goes when the test kills unshare (else it
+            // outlived every run, orphaned, holding its port).
+            "--kill-child",
             "sh",
             "-c",
             CONTAINER,
