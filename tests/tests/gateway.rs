@@ -142,6 +142,7 @@ fn an_engine_behind_nginx_gets_the_entry_stage_and_one_request_is_counted_once()
     let (eport, pport) = (free_port(), free_port());
     let truth = dir.join("truth.jsonl");
     let mut engine = start_engine(&engine_ns, eport, &truth);
+    let first_engine = engine.0 .0.id();
     let conf = nginx_conf(&dir, pport, &format!("{}:{eport}", engine_ns.ns_addr));
     let (nginx, _nginx_out) = start(
         proxy_ns
@@ -169,7 +170,9 @@ fn an_engine_behind_nginx_gets_the_entry_stage_and_one_request_is_counted_once()
             .args(["--otlp-endpoint", &format!("http://127.0.0.1:{rport}")])
             .args(["--export-interval", "1", "--traces-sample", "1"])
             .arg("--requests-log")
-            .arg(&log),
+            .arg(&log)
+            .arg("--events-log")
+            .arg(dir.join("events.jsonl")),
         "; ready",
         "tokentap run",
     );
@@ -203,9 +206,31 @@ fn an_engine_behind_nginx_gets_the_entry_stage_and_one_request_is_counted_once()
     }
     std::thread::sleep(Duration::from_millis(1500));
     wait_for_truth(&truth, sent.len());
-    let (ok, lines) = interrupt(&mut agent, agent_out);
-    assert!(ok, "tokentap run failed: {lines:#?}");
+    // nginx stops while the agent runs: its master (which owns the
+    // listening socket and never forwards) leaves as its workers do, as a
+    // gateway, without an `engine.stop`.
+    let master = nginx.0 .0.id();
     drop(nginx);
+    let mut early = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !early
+        .iter()
+        .any(|l: &String| l.contains(&format!("pid {master} exited")))
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the agent did not see nginx's master {master} exit: {early:#?}"
+        );
+        if let Ok(l) = agent_out.recv_timeout(Duration::from_millis(200)) {
+            early.push(l);
+        }
+    }
+    // A tick or two for the timeline to act on it.
+    std::thread::sleep(Duration::from_millis(1000));
+    let (ok, mut lines) = interrupt(&mut agent, agent_out);
+    early.append(&mut lines);
+    let lines = early;
+    assert!(ok, "tokentap run failed: {lines:#?}");
     drop(engine);
     let summary = lines
         .iter()
@@ -274,6 +299,27 @@ fn an_engine_behind_nginx_gets_the_entry_stage_and_one_request_is_counted_once()
         );
     }
     eprintln!("gateway_s − (engine socket receive − client send), µs: {devs:?}");
+
+    // The timeline: the restarted engine's stop (the control: stops are
+    // reported), and none for nginx's master or workers.
+    let events = read_jsonl(&dir.join("events.jsonl"));
+    let stops: Vec<u64> = events
+        .iter()
+        .filter(|e| e["kind"] == "engine.stop")
+        .filter_map(|e| e["attributes"]["process.pid"].as_u64())
+        .collect();
+    let workers: std::collections::BTreeSet<u64> = records
+        .iter()
+        .filter_map(|r| r["gateway_pid"].as_u64())
+        .collect();
+    assert!(
+        stops.contains(&(first_engine as u64)),
+        "no engine.stop for the restarted engine {first_engine}: {events:#?}"
+    );
+    assert!(
+        !stops.contains(&(master as u64)) && !stops.iter().any(|p| workers.contains(p)),
+        "nginx (master {master}, workers {workers:?}) stopped as an engine: {events:#?}"
+    );
 
     // Counted once.
     let exports = metrics.exports();

@@ -270,6 +270,14 @@ pub fn parse_stat_ppid(stat: &str) -> Option<u32> {
     f.next()?.parse().ok()
 }
 
+/// `pid`'s parent pid (`/proc/PID/stat`), None once it is gone.
+pub fn ppid(proc_root: &Path, pid: u32) -> Option<u32> {
+    fs::read_to_string(proc_root.join(format!("{pid}/stat")))
+        .ok()
+        .as_deref()
+        .and_then(parse_stat_ppid)
+}
+
 /// Every living descendant process of `root_pid` (children, their
 /// children, …), from one pass over `/proc/*/stat`; `root_pid` excluded.
 pub fn descendants(proc_root: &Path, root_pid: u32) -> Vec<u32> {
@@ -304,11 +312,7 @@ pub fn ancestors(proc_root: &Path, pid: u32) -> Vec<u32> {
     let mut out = Vec::new();
     let mut p = pid;
     while out.len() < 64 {
-        let Some(ppid) = fs::read_to_string(proc_root.join(format!("{p}/stat")))
-            .ok()
-            .as_deref()
-            .and_then(parse_stat_ppid)
-        else {
+        let Some(ppid) = ppid(proc_root, p) else {
             break;
         };
         if ppid == 0 || out.contains(&ppid) {

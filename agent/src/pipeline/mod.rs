@@ -130,8 +130,8 @@ impl Pipeline {
         for ev in events.drain(..) {
             self.decoder.on_event(&ev, &mut self.finished);
         }
-        if self.decoder.gateways() != &self.node.gateways {
-            self.node.gateways = self.decoder.gateways().clone();
+        if self.decoder.gateways() != &self.node.forwarding {
+            self.node.set_forwarding(self.decoder.gateways());
         }
         for (pid, port) in self.decoder.take_tls_servers() {
             eprintln!(

@@ -196,6 +196,7 @@ impl Targeter {
                     .ok()
                     .map(|c| c.trim_end().to_string())
                     .filter(|c| !c.is_empty()),
+                ppid: procfs::ppid(&self.proc_root, pid),
                 engine,
                 listen_ports,
                 container: procfs::container_identity(&self.proc_root, pid),
@@ -388,6 +389,14 @@ impl Task for Targeter {
             self.scan(cap, cx.node, cx.events)?;
         }
         let now: HashSet<u32> = cap.targets().into_iter().collect();
+        // A target that exited is forgotten now, not at the next full
+        // scan (up to RESCAN later): its `engine.stop` is on time, and
+        // reported at all when the agent stops first.
+        for gone in before.difference(&now) {
+            if !self.proc_root.join(gone.to_string()).exists() {
+                cx.node.processes.remove(gone);
+            }
+        }
         if let Targeting::Ports(ports) = &self.targeting {
             for gone in before.difference(&now) {
                 eprintln!("tokentap: pid {gone} exited");

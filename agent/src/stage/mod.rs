@@ -71,12 +71,48 @@ pub struct NodeState {
     /// forgets its engine map until samples come back.
     pub gpu_unavailable: bool,
     /// Targets the decoder found forwarding requests to another target (a
-    /// reverse proxy in front of an engine): not engines themselves, so
-    /// not scraped for engine metrics nor counted as serving.
+    /// reverse proxy in front of an engine), as [`NodeState::set_forwarding`]
+    /// was last given them.
+    pub forwarding: std::collections::HashSet<u32>,
+    /// Those and their masters ([`NodeState::set_forwarding`]): not engines,
+    /// so not scraped for engine metrics nor counted as serving.
     pub gateways: std::collections::HashSet<u32>,
 }
 
 impl NodeState {
+    /// Takes the targets the decoder found forwarding, and counts as a
+    /// gateway too the parent of one that is a target with no engine named
+    /// and listens on nothing but ports its forwarding children listen on:
+    /// nginx's (or a prefork proxy's) master, which owns the listening
+    /// socket its workers accept from but never accepts or forwards
+    /// itself, so it would otherwise stay an engine that serves nothing.
+    pub fn set_forwarding(&mut self, found: &std::collections::HashSet<u32>) {
+        self.forwarding = found.clone();
+        self.gateways = found.clone();
+        let mut ports_of_children: HashMap<u32, Vec<u16>> = HashMap::new();
+        for pid in found {
+            if let Some(p) = self.processes.get(pid) {
+                if let Some(ppid) = p.ppid {
+                    ports_of_children
+                        .entry(ppid)
+                        .or_default()
+                        .extend(&p.listen_ports);
+                }
+            }
+        }
+        for (parent, ports) in ports_of_children {
+            let Some(p) = self.processes.get(&parent) else {
+                continue;
+            };
+            if p.engine.is_none()
+                && !p.listen_ports.is_empty()
+                && p.listen_ports.iter().all(|port| ports.contains(port))
+            {
+                self.gateways.insert(parent);
+            }
+        }
+    }
+
     /// Targets that serve HTTP (listen on TCP): the engines requests are
     /// attributed to. Their children (GPU workers) are targets too, but
     /// belong to them.
@@ -96,6 +132,8 @@ impl NodeState {
 pub struct ProcessInfo {
     /// Its name (`/proc/PID/comm`): what records call a gateway process.
     pub name: Option<String>,
+    /// Its parent when it was named (`/proc/PID/stat`).
+    pub ppid: Option<u32>,
     /// The engine its command line names (gen_ai.provider.name).
     pub engine: Option<crate::engines::Engine>,
     /// TCP ports it listens on (in its own network namespace), sorted.
@@ -154,4 +192,44 @@ pub struct TaskCx<'a> {
     pub events: &'a mut Vec<SocketEvent>,
     /// Process events (exec, fork, exit) since the last tick.
     pub proc_events: &'a [ProcEvent],
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target(ppid: u32, ports: &[u16], engine: Option<crate::engines::Engine>) -> ProcessInfo {
+        ProcessInfo {
+            ppid: Some(ppid),
+            listen_ports: ports.to_vec(),
+            engine,
+            ..ProcessInfo::default()
+        }
+    }
+
+    #[test]
+    fn a_forwarding_workers_master_is_a_gateway_and_no_other_parent_is() {
+        let mut node = NodeState::default();
+        // nginx: master 10 and workers 11, 12 on 8080; an engine 20 on
+        // 8000 whose parent is a shell (1).
+        node.processes.insert(10, target(1, &[8080], None));
+        node.processes.insert(11, target(10, &[8080], None));
+        node.processes.insert(12, target(10, &[8080], None));
+        node.processes.insert(20, target(1, &[8000], None));
+        node.set_forwarding(&[11].into_iter().collect());
+        assert_eq!(node.gateways, [10, 11].into_iter().collect());
+        assert_eq!(node.serving_pids(), vec![12, 20]);
+
+        // A parent that also serves a port of its own, one an engine was
+        // named for, and one listening on nothing stay what they were.
+        for parent in [
+            target(1, &[8080, 9000], None),
+            target(1, &[8080], Some(crate::engines::Engine::Vllm)),
+            target(1, &[], None),
+        ] {
+            node.processes.insert(10, parent);
+            node.set_forwarding(&[11, 12].into_iter().collect());
+            assert_eq!(node.gateways, [11, 12].into_iter().collect());
+        }
+    }
 }
