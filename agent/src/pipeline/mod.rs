@@ -130,7 +130,7 @@ impl Pipeline {
         for ev in events.drain(..) {
             self.decoder.on_event(&ev, &mut self.finished);
         }
-        if self.decoder.gateways() != &self.node.forwarding {
+        if !self.decoder.gateways().is_subset(&self.node.forwarding) {
             self.node.set_forwarding(self.decoder.gateways());
         }
         for (pid, port) in self.decoder.take_tls_servers() {

@@ -395,6 +395,8 @@ impl Task for Targeter {
         for gone in before.difference(&now) {
             if !self.proc_root.join(gone.to_string()).exists() {
                 cx.node.processes.remove(gone);
+                cx.node.forwarding.remove(gone);
+                cx.node.gateways.remove(gone);
             }
         }
         if let Targeting::Ports(ports) = &self.targeting {

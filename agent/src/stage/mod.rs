@@ -71,8 +71,8 @@ pub struct NodeState {
     /// forgets its engine map until samples come back.
     pub gpu_unavailable: bool,
     /// Targets the decoder found forwarding requests to another target (a
-    /// reverse proxy in front of an engine), as [`NodeState::set_forwarding`]
-    /// was last given them.
+    /// reverse proxy in front of an engine), for as long as they live
+    /// ([`NodeState::set_forwarding`]).
     pub forwarding: std::collections::HashSet<u32>,
     /// Those and their masters ([`NodeState::set_forwarding`]): not engines,
     /// so not scraped for engine metrics nor counted as serving.
@@ -80,15 +80,25 @@ pub struct NodeState {
 }
 
 impl NodeState {
-    /// Takes the targets the decoder found forwarding, and counts as a
-    /// gateway too the parent of one that is a target with no engine named
+    /// Adds the targets the decoder found forwarding. A process found
+    /// forwarding stays a gateway while it lives, though the decoder forgets
+    /// it once its upstream connections are long closed (an engine restart
+    /// closes nginx's kept-alive ones): else it would turn back into a
+    /// serving target, with a second `engine.start`. Also counts as a
+    /// gateway the parent of one that is a target with no engine named
     /// and listens on nothing but ports its forwarding children listen on:
     /// nginx's (or a prefork proxy's) master, which owns the listening
     /// socket its workers accept from but never accepts or forwards
     /// itself, so it would otherwise stay an engine that serves nothing.
     pub fn set_forwarding(&mut self, found: &std::collections::HashSet<u32>) {
-        self.forwarding = found.clone();
-        self.gateways = found.clone();
+        let processes = &self.processes;
+        let alive = |p: &u32| processes.contains_key(p);
+        self.forwarding.retain(alive);
+        self.forwarding.extend(found.iter().filter(|p| alive(p)));
+        // A master stays one too while it lives (its workers may go first).
+        self.gateways.retain(alive);
+        let found = &self.forwarding;
+        self.gateways.extend(found);
         let mut ports_of_children: HashMap<u32, Vec<u16>> = HashMap::new();
         for pid in found {
             if let Some(p) = self.processes.get(pid) {
@@ -219,6 +229,22 @@ mod tests {
         node.set_forwarding(&[11].into_iter().collect());
         assert_eq!(node.gateways, [10, 11].into_iter().collect());
         assert_eq!(node.serving_pids(), vec![12, 20]);
+        // The decoder forgets 11 (its upstream connections long closed):
+        // it stays a gateway while it lives, and goes when it exits.
+        node.set_forwarding(&[12].into_iter().collect());
+        assert_eq!(node.gateways, [10, 11, 12].into_iter().collect());
+        node.processes.remove(&11);
+        node.set_forwarding(&Default::default());
+        assert_eq!(node.gateways, [10, 12].into_iter().collect());
+        // Workers gone first (nginx stopping): the master stays one.
+        node.processes.insert(11, target(10, &[8080], None));
+        node.set_forwarding(&[11].into_iter().collect());
+        node.processes.remove(&11);
+        node.processes.remove(&12);
+        node.set_forwarding(&[11, 12].into_iter().collect());
+        assert_eq!(node.gateways, [10].into_iter().collect());
+        node.processes.insert(11, target(10, &[8080], None));
+        node.processes.insert(12, target(10, &[8080], None));
 
         // A parent that also serves a port of its own, one an engine was
         // named for, and one listening on nothing stay what they were.
@@ -228,6 +254,8 @@ mod tests {
             target(1, &[], None),
         ] {
             node.processes.insert(10, parent);
+            node.forwarding.clear();
+            node.gateways.clear();
             node.set_forwarding(&[11, 12].into_iter().collect());
             assert_eq!(node.gateways, [11, 12].into_iter().collect());
         }
