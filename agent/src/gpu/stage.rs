@@ -242,12 +242,14 @@ impl GpuStage {
         if self.engines.is_empty() && self.held.is_empty() {
             return;
         }
-        // Records that ended by the last sample are joined with the map as
-        // it was; later ones ended after NVML went away: no GPU to join.
+        // Records that started by the last sample ran on the GPUs that
+        // sample mapped (and were given their share of its energy): joined
+        // with the map as it was. Later ones started after NVML was last
+        // heard from: no GPU to join.
         let last = self.history.latest().map_or(0, |s| s.ts_ns);
         let (known, after): (Vec<_>, Vec<_>) = std::mem::take(&mut self.held)
             .into_iter()
-            .partition(|f| end_ns(f) <= last);
+            .partition(|f| f.record.t0_ns <= last);
         for f in known {
             out.push(self.complete(f));
         }
@@ -453,18 +455,27 @@ mod tests {
         let mut out = vec![];
         st.on_sample(sample(0, 0, 0.5, &[7]), &snap, &[7], &[], &mut out);
         st.on_sample(sample(1, 0, 0.5, &[7]), &snap, &[7], &[], &mut out);
-        // Ended after the last sample (t=1): held; NVML then goes away.
+        // In flight at the last sample (t=1) and ended after it: held;
+        // then one that started after it; then NVML goes away.
         st.on_finished(finished(1, 7, 0.5, 0.9, 3), &mut out);
+        st.on_finished(finished(2, 7, 1.2, 0.1, 3), &mut out);
         assert!(out.is_empty());
         st.unavailable(&mut out);
-        assert_eq!(out.len(), 1);
+        assert_eq!(out.len(), 2);
+        let by_seq = |s: u64| out.iter().find(|f| f.seq == s).unwrap();
         assert_eq!(
-            out[0].record.gpu_uuids, None,
-            "it ended after the last sample: no GPU to join"
+            by_seq(1).record.gpu_uuids.as_deref(),
+            Some(&["GPU-0".to_string()][..]),
+            "it ran on the GPU the last sample mapped"
         );
-        st.on_finished(finished(2, 7, 2.0, 0.5, 3), &mut out);
-        assert_eq!(out.len(), 2, "not held: no GPU map any more");
-        assert_eq!(out[1].record.gpu_uuids, None);
+        assert_eq!(
+            by_seq(2).record.gpu_uuids,
+            None,
+            "it started after NVML was last heard from: no GPU to join"
+        );
+        st.on_finished(finished(3, 7, 2.0, 0.5, 3), &mut out);
+        assert_eq!(out.len(), 3, "not held: no GPU map any more");
+        assert_eq!(out[2].record.gpu_uuids, None);
     }
 
     #[test]
