@@ -16,8 +16,9 @@ use aya_log_ebpf::warn;
 use crate::maps::{CONFIG, EVENTS, REPORTED, STATS};
 
 /// Offset of the first syscall argument in `sys_enter_*` records and of
-/// `ret` in `sys_exit_*` records (see the tracefs `format` files).
-const ARGS_OFFSET: usize = 16;
+/// `ret` in `sys_exit_*` records (userspace checks the tracefs `format`
+/// files before attaching).
+const ARGS_OFFSET: usize = agent_ebpf::SYSCALL_ARGS_OFFSET;
 
 /// Syscall argument `N` of a `sys_enter_*` tracepoint.
 #[inline(always)]

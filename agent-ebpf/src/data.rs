@@ -323,7 +323,15 @@ fn advance(s: &mut crate::maps::Scratch, w: &mut Walk) -> i64 {
     }
     let at = w.pos & (CHUNK_BYTES as u64 - 1);
     let room = CHUNK_BYTES as u64 - at;
-    let mut n = if w.cur_left < room { w.cur_left } else { room };
+    let n = if w.cur_left < room { w.cur_left } else { room };
+    // LLVM knows `n` ≤ `room` ≤ CHUNK_BYTES and drops a plain clamp, but
+    // verifiers before Linux 6.8 learn nothing from comparing two unknown
+    // registers (`cur_left < room`), so the size would reach the helper
+    // unbounded (6.1 refused the program). Through the stack the value is
+    // opaque to LLVM, and the clamp against a constant stays for the
+    // verifier to see.
+    // SAFETY: a read of a local.
+    let mut n = unsafe { core::ptr::read_volatile(&n) };
     if n > CHUNK_BYTES as u64 {
         n = CHUNK_BYTES as u64;
     }

@@ -266,6 +266,11 @@ impl RecordHeader {
 /// Offsets in the `tcp:tcp_probe` tracepoint record the arrival program
 /// reads (Linux 5.x–6.x layout; the agent compares them with the format
 /// file before attaching, and leaves the program off when they differ).
+/// Offset of a syscall's first argument in `sys_enter_*` tracepoint
+/// records (8-byte words from here) and of `ret` in `sys_exit_*` records,
+/// as every kernel's tracefs `format` files give it (checked at load).
+pub const SYSCALL_ARGS_OFFSET: usize = 16;
+
 pub mod arrival_tp {
     /// `__u8 daddr[28]`: the peer, a sockaddr_in or sockaddr_in6.
     pub const DADDR: usize = 36;

@@ -54,20 +54,11 @@ pub fn sched_process_exec(_ctx: TracePointContext) -> u32 {
     0
 }
 
-#[tracepoint]
-pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
-    let id = bpf_get_current_pid_tgid();
+/// A targeted thread group ended: out of TARGETS (so a recycled pid is
+/// not captured), and userspace is told.
+#[inline(always)]
+fn on_group_end(id: u64) -> u32 {
     let tgid = (id >> 32) as u32;
-    // SAFETY: read by value.
-    if unsafe { TARGETS.get(&tgid) }.is_none() {
-        return 0;
-    }
-    // group_dead (bool) at offset 32 of sched_process_exit.
-    // SAFETY: constant-offset context load.
-    let group_dead = unsafe { core::ptr::read((ctx.as_ptr() as *const u8).add(32)) };
-    if group_dead == 0 {
-        return 0;
-    }
     if TARGETS.remove(&tgid).is_ok() {
         bump(stat::TARGETS_EXITED);
     }
@@ -81,6 +72,45 @@ pub fn sched_process_exit(ctx: TracePointContext) -> u32 {
     };
     send(&h);
     0
+}
+
+/// `sched_process_exit` with `bool group_dead` at offset 32 (Linux 6.16
+/// and later): the last thread of the group says so. Userspace attaches
+/// this variant only where the tracepoint's `format` has that field there
+/// (a program reading past the end of a tracepoint's record cannot
+/// attach: what 6.1 and 6.12 answered to the single program before).
+#[tracepoint]
+pub fn exit_group_dead(ctx: TracePointContext) -> u32 {
+    let id = bpf_get_current_pid_tgid();
+    // SAFETY: read by value.
+    if unsafe { TARGETS.get(&((id >> 32) as u32)) }.is_none() {
+        return 0;
+    }
+    // SAFETY: constant-offset context load, inside the record on the
+    // kernels this variant is attached to.
+    let group_dead: u8 = unsafe { core::ptr::read((ctx.as_ptr() as *const u8).add(32)) };
+    if group_dead == 0 {
+        return 0;
+    }
+    on_group_end(id)
+}
+
+/// `sched_process_exit` without `group_dead` (Linux 6.15 and earlier):
+/// the thread-group leader's exit stands for the group's end, reading
+/// nothing of the record. A leader that exits before its other threads
+/// (`pthread_exit` in `main`, rare in servers) ends the capture of its
+/// process there (docs/deploy.md, "Kernels").
+#[tracepoint]
+pub fn exit_leader(_ctx: TracePointContext) -> u32 {
+    let id = bpf_get_current_pid_tgid();
+    if (id >> 32) as u32 != id as u32 {
+        return 0;
+    }
+    // SAFETY: read by value.
+    if unsafe { TARGETS.get(&((id >> 32) as u32)) }.is_none() {
+        return 0;
+    }
+    on_group_end(id)
 }
 
 /// Remember whether this targeted thread's fork in progress makes a

@@ -11,6 +11,7 @@
 pub mod clock;
 mod conns;
 pub mod kernel_log;
+pub mod layout;
 pub mod probes;
 pub mod programs;
 pub mod reassemble;
@@ -388,6 +389,35 @@ pub struct Capture {
     tls_bio_checked: std::time::Instant,
 }
 
+/// The one line that says what this kernel gave the capture (the kernel
+/// matrix, `cargo xtask kernels`, reads it too).
+fn kernel_line(a: &probes::Attached, arrival: bool, arrival_asked: bool) -> String {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|r| r.trim().to_string())
+        .unwrap_or_else(|_| "?".to_string());
+    let data = match a.data {
+        DataHooks::Btf => "socket data through the BTF sys_exit tracepoint",
+        _ => "socket data through syscall tracepoints",
+    };
+    let exits = match a.layouts.exit {
+        layout::ExitLayout::GroupDead => "thread-group ends from group_dead".to_string(),
+        layout::ExitLayout::Leader => {
+            "thread-group ends from the leader's exit (sched_process_exit has no group_dead)"
+                .to_string()
+        }
+    };
+    let forks = match a.layouts.fork_child_pid {
+        Some(at) => format!("children followed (sched_process_fork child_pid at {at})"),
+        None => "children not followed in the kernel (unknown sched_process_fork layout)".into(),
+    };
+    let arrival = match (arrival, arrival_asked) {
+        (true, _) => "arrival times on",
+        (false, true) => "arrival times off (see above)",
+        (false, false) => "arrival times off (--no-arrival)",
+    };
+    format!("tokentap: kernel {release}: {data}; {exits}; {forks}; {arrival}")
+}
+
 impl Capture {
     /// Loads and attaches the programs, registers targets, seeds
     /// connections that are already open. Needs root (CAP_BPF, CAP_PERFMON,
@@ -444,7 +474,8 @@ impl Capture {
         } else {
             opts.data_hooks
         };
-        let data_hooks = probes::attach_agent(&mut ebpf, hooks)?;
+        let attached = probes::attach_agent(&mut ebpf, hooks)?;
+        let data_hooks = attached.data;
         let arrival_ports = if opts.arrival {
             match probes::attach_arrival(&mut ebpf) {
                 Ok(()) => Some(HashMap::try_from(
@@ -461,6 +492,10 @@ impl Capture {
         } else {
             None
         };
+        eprintln!(
+            "{}",
+            kernel_line(&attached, arrival_ports.is_some(), opts.arrival)
+        );
 
         let targets = HashMap::try_from(ebpf.take_map("TARGETS").context("TARGETS map missing")?)?;
         let slots = Array::try_from(

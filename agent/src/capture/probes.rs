@@ -20,7 +20,11 @@ use aya::{
     Btf, Ebpf,
 };
 
-use super::{programs::tracefs_events, DataHooks};
+use super::{
+    layout::{self, ExitLayout, Format, Layouts},
+    programs::tracefs_events,
+    DataHooks,
+};
 
 /// Where a program attaches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,6 +63,9 @@ pub enum When {
     /// kernel (the program reads it there); no matching variant: children
     /// of targets are not followed in the kernel, said once.
     ForkLayout(usize),
+    /// When `sched_process_exit` has this layout (`capture::layout`): the
+    /// thread group's end from `group_dead`, else from the leader's exit.
+    ExitLayout(ExitLayout),
     /// With request arrival times on, where `tcp:tcp_probe` has the layout
     /// the program reads (`agent_ebpf::arrival_tp`); else the agent runs
     /// without arrival times, said once.
@@ -113,7 +120,16 @@ pub const PROBES: &[Probe] = &[
     syscall("sys_enter_close", When::Required),
     // Processes (process.rs).
     sched("sched_process_exec", "sched_process_exec", When::Required),
-    sched("sched_process_exit", "sched_process_exit", When::Required),
+    sched(
+        "exit_group_dead",
+        "sched_process_exit",
+        When::ExitLayout(ExitLayout::GroupDead),
+    ),
+    sched(
+        "exit_leader",
+        "sched_process_exit",
+        When::ExitLayout(ExitLayout::Leader),
+    ),
     sched("fork_compact", "sched_process_fork", When::ForkLayout(20)),
     sched("fork_legacy", "sched_process_fork", When::ForkLayout(44)),
     syscall("sys_enter_clone", When::Required),
@@ -182,8 +198,8 @@ const fn tls(
 struct Kernel {
     /// The data hooks in use (never `Auto`).
     data: DataHooks,
-    /// `sched_process_fork`'s `child_pid` offset, if its format was read.
-    fork_layout: Option<usize>,
+    /// The record layouts read from tracefs.
+    layouts: Layouts,
     /// tracefs's `events` directory.
     events: PathBuf,
 }
@@ -201,7 +217,8 @@ impl Kernel {
             },
             When::DataTracepoint => self.data == DataHooks::Tracepoint,
             When::DataBtf => self.data == DataHooks::Btf,
-            When::ForkLayout(at) => self.fork_layout == Some(at),
+            When::ForkLayout(at) => self.layouts.fork_child_pid == Some(at),
+            When::ExitLayout(l) => self.layouts.exit == l,
             When::Arrival | When::Tls => false,
         }
     }
@@ -215,6 +232,11 @@ fn attach(ebpf: &mut Ebpf, p: &Probe) -> Result<()> {
     })?;
     match p.attach {
         Attach::Tracepoint { category, name: tp } => {
+            if category == "syscalls" {
+                // The programs read arguments and `ret` at fixed offsets.
+                let f = Format::read(&tracefs_events(), category, tp)?;
+                layout::syscall_matches(&f)?;
+            }
             let prog: &mut TracePoint = prog.try_into()?;
             prog.load().map_err(|e| load_failure(name, e))?;
             prog.attach(category, tp)
@@ -283,38 +305,13 @@ fn attach_all(ebpf: &mut Ebpf, when: When) -> Result<()> {
     Ok(())
 }
 
-/// `sched_process_fork`'s `child_pid` offset on this kernel.
-fn fork_layout(events: &Path) -> Option<usize> {
-    let text = std::fs::read_to_string(events.join("sched/sched_process_fork/format")).ok()?;
-    child_pid_offset(&text)
-}
-
-/// The `child_pid` offset a `sched_process_fork` format file gives.
-pub fn child_pid_offset(format: &str) -> Option<usize> {
-    let line = format
-        .lines()
-        .find(|l| l.contains(" child_pid;") || l.contains("\tchild_pid;"))?;
-    format_number(line, "offset:")
-}
-
-/// The number after `key` (`offset:`, `size:`) in a tracefs format line.
-fn format_number(line: &str, key: &str) -> Option<usize> {
-    line.split(key)
-        .nth(1)?
-        .split(';')
-        .next()?
-        .trim()
-        .parse()
-        .ok()
-}
-
 /// Attaches the agent's programs (all but arrival). Socket data is hooked
 /// as `hooks` asks; the result says which hooks are in use (`Btf` or
 /// `Tracepoint`). `Auto` falls back to the syscall tracepoints when the
 /// BTF program is refused, and says why once. Without a known
 /// `sched_process_fork` layout, children of targets are not followed in
 /// the kernel (a warning says so); everything else works.
-pub(super) fn attach_agent(ebpf: &mut Ebpf, hooks: DataHooks) -> Result<DataHooks> {
+pub(super) fn attach_agent(ebpf: &mut Ebpf, hooks: DataHooks) -> Result<Attached> {
     let data = match hooks {
         DataHooks::Tracepoint => DataHooks::Tracepoint,
         DataHooks::Btf => {
@@ -332,10 +329,10 @@ pub(super) fn attach_agent(ebpf: &mut Ebpf, hooks: DataHooks) -> Result<DataHook
         },
     };
     let events = tracefs_events();
-    let fork_layout = fork_layout(&events);
+    let layouts = Layouts::read(&events);
     let k = Kernel {
         data,
-        fork_layout,
+        layouts,
         events,
     };
     if !PROBES
@@ -358,41 +355,24 @@ pub(super) fn attach_agent(ebpf: &mut Ebpf, hooks: DataHooks) -> Result<DataHook
             );
         }
     }
-    Ok(data)
+    Ok(Attached { data, layouts })
+}
+
+/// What [`attach_agent`] chose on this kernel.
+#[derive(Clone, Copy, Debug)]
+pub struct Attached {
+    /// The data hooks in use (never `Auto`).
+    pub data: DataHooks,
+    pub layouts: Layouts,
 }
 
 /// Attaches the arrival rows when `tcp:tcp_probe`'s record has the layout
 /// they read (`agent_ebpf::arrival_tp`); an error says why not (the agent
 /// then runs without arrival times).
 pub(super) fn attach_arrival(ebpf: &mut Ebpf) -> Result<()> {
-    let format = tracefs_events().join("tcp/tcp_probe/format");
-    let text = std::fs::read_to_string(&format)
-        .with_context(|| format!("no tcp:tcp_probe tracepoint ({})", format.display()))?;
-    arrival_layout_matches(&text)?;
+    let f = Format::read(&tracefs_events(), "tcp", "tcp_probe")?;
+    layout::arrival_matches(&f)?;
     attach_all(ebpf, When::Arrival)
-}
-
-/// Checks a `tcp_probe` format file against the offsets the program reads.
-pub fn arrival_layout_matches(format: &str) -> Result<()> {
-    for (field, offset, size) in agent_ebpf::arrival_tp::FIELDS {
-        let line = format
-            .lines()
-            .find(|l| {
-                l.split(';').next().is_some_and(|d| {
-                    d.ends_with(&format!(" {field}")) || d.ends_with(&format!(" {field}[28]"))
-                })
-            })
-            .with_context(|| format!("tcp_probe has no field {field}"))?;
-        if format_number(line, "offset:") != Some(offset)
-            || format_number(line, "size:") != Some(size)
-        {
-            bail!(
-                "tcp_probe's {field} is not at offset {offset} (size {size}) on this kernel: {}",
-                line.trim()
-            );
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -402,43 +382,15 @@ mod tests {
     use super::super::programs::{Aligned, EBPF_OBJECT};
     use super::*;
 
-    /// `tcp:tcp_probe`'s fields on Linux 6.18 (this repository's VM).
-    const TCP_PROBE_6_18: &str = "\tfield:__u8 saddr[28];\toffset:8;\tsize:28;\tsigned:0;\n\tfield:__u8 daddr[28];\toffset:36;\tsize:28;\tsigned:0;\n\tfield:__u16 sport;\toffset:64;\tsize:2;\tsigned:0;\n\tfield:__u16 dport;\toffset:66;\tsize:2;\tsigned:0;\n\tfield:__u16 family;\toffset:68;\tsize:2;\tsigned:0;\n\tfield:__u32 mark;\toffset:72;\tsize:4;\tsigned:0;\n\tfield:__u16 data_len;\toffset:76;\tsize:2;\tsigned:0;\n\tfield:__u32 snd_nxt;\toffset:80;\tsize:4;\tsigned:0;\n\tfield:__u32 snd_una;\toffset:84;\tsize:4;\tsigned:0;\n\tfield:__u32 snd_cwnd;\toffset:88;\tsize:4;\tsigned:0;\n\tfield:__u32 ssthresh;\toffset:92;\tsize:4;\tsigned:0;\n\tfield:__u32 snd_wnd;\toffset:96;\tsize:4;\tsigned:0;\n\tfield:__u32 srtt;\toffset:100;\tsize:4;\tsigned:0;\n\tfield:__u32 rcv_wnd;\toffset:104;\tsize:4;\tsigned:0;\n\tfield:__u64 sock_cookie;\toffset:112;\tsize:8;\tsigned:0;\n\tfield:const void * skbaddr;\toffset:120;\tsize:8;\tsigned:0;\n\tfield:const void * skaddr;\toffset:128;\tsize:8;\tsigned:0;";
-
     #[test]
-    fn the_arrival_program_attaches_only_where_tcp_probe_has_its_layout() {
-        arrival_layout_matches(TCP_PROBE_6_18).unwrap();
-        // A kernel without `family` before `mark` (fields shifted).
-        let shifted = TCP_PROBE_6_18.replace("data_len;\toffset:76;", "data_len;\toffset:72;");
-        let e = arrival_layout_matches(&shifted).unwrap_err().to_string();
-        assert!(e.contains("data_len is not at offset 76"), "{e}");
-        // A kernel whose record has no socket cookie (before Linux 5.6):
-        // segments could not be told apart by socket.
-        let e = arrival_layout_matches(&TCP_PROBE_6_18.replace("sock_cookie", "other"))
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("no field sock_cookie"), "{e}");
-        let e = arrival_layout_matches("format:\n").unwrap_err().to_string();
-        assert!(e.contains("no field daddr"), "{e}");
-    }
-
-    #[test]
-    fn fork_variant_follows_the_tracepoint_layout() {
-        let compact = "\tfield:__data_loc char[] parent_comm;\toffset:8;\tsize:4;\tsigned:0;\n\
-                       \tfield:pid_t parent_pid;\toffset:12;\tsize:4;\tsigned:1;\n\
-                       \tfield:__data_loc char[] child_comm;\toffset:16;\tsize:4;\tsigned:0;\n\
-                       \tfield:pid_t child_pid;\toffset:20;\tsize:4;\tsigned:1;\n";
-        let legacy = "\tfield:char parent_comm[16];\toffset:8;\tsize:16;\tsigned:0;\n\
-                      \tfield:pid_t parent_pid;\toffset:24;\tsize:4;\tsigned:1;\n\
-                      \tfield:char child_comm[16];\toffset:28;\tsize:16;\tsigned:0;\n\
-                      \tfield:pid_t child_pid;\toffset:44;\tsize:4;\tsigned:1;\n";
-        assert_eq!(child_pid_offset(compact), Some(20));
-        assert_eq!(child_pid_offset(legacy), Some(44));
-        assert_eq!(child_pid_offset(""), None);
+    fn fork_and_exit_variants_follow_the_tracepoint_layouts() {
         let fork_programs = |layout: Option<usize>| -> Vec<&str> {
             let k = Kernel {
                 data: DataHooks::Tracepoint,
-                fork_layout: layout,
+                layouts: Layouts {
+                    exit: ExitLayout::Leader,
+                    fork_child_pid: layout,
+                },
                 events: PathBuf::from("/nonexistent"),
             };
             PROBES
@@ -453,6 +405,32 @@ mod tests {
         // followed in the kernel, and the agent says so).
         assert!(fork_programs(Some(36)).is_empty());
         assert!(fork_programs(None).is_empty());
+        let exit_programs = |exit| -> Vec<&str> {
+            let k = Kernel {
+                data: DataHooks::Tracepoint,
+                layouts: Layouts {
+                    exit,
+                    fork_child_pid: Some(20),
+                },
+                events: PathBuf::from("/nonexistent"),
+            };
+            PROBES
+                .iter()
+                .filter(|p| {
+                    matches!(
+                        p.attach,
+                        Attach::Tracepoint {
+                            name: "sched_process_exit",
+                            ..
+                        }
+                    ) && k.wants(p)
+                })
+                .map(|p| p.program)
+                .collect()
+        };
+        // Exactly one program on sched_process_exit on every kernel.
+        assert_eq!(exit_programs(ExitLayout::GroupDead), ["exit_group_dead"]);
+        assert_eq!(exit_programs(ExitLayout::Leader), ["exit_leader"]);
     }
 
     #[test]
@@ -460,7 +438,10 @@ mod tests {
         let with = |data| -> Vec<&str> {
             let k = Kernel {
                 data,
-                fork_layout: Some(20),
+                layouts: Layouts {
+                    exit: ExitLayout::GroupDead,
+                    fork_child_pid: Some(20),
+                },
                 // No tracefs here: the optional fork/vfork are left out.
                 events: PathBuf::from("/nonexistent"),
             };
