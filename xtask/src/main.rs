@@ -7,6 +7,7 @@ mod bench;
 mod demo;
 mod ebpf;
 mod fuzz;
+mod kernels;
 mod soak;
 mod testrun;
 mod toolchain;
@@ -95,6 +96,17 @@ enum Cmd {
         #[arg(long, value_name = "FILE")]
         archive: Option<std::path::PathBuf>,
     },
+    /// The kernel matrix: boot Debian's 6.1 and 6.12 kernels under qemu
+    /// (fetched with apt-get; qemu, busybox-static and cpio installed when
+    /// missing) with a root filesystem of the suite's own binaries, run
+    /// the focused root tests in each (capture exactness on both data-hook
+    /// paths, TTFT against the engine's clock, discovery, arrival, HTTP/2,
+    /// TLS), print the table (also target/kernels/matrix.md). Root.
+    /// `cargo xtask test` runs it after the host suite.
+    Kernels {
+        /// Only these kernels (labels: 6.1, 6.12); default all.
+        kernels: Vec<String>,
+    },
     /// Fuzz the request decoder (cargo fuzz, nightly) for SECS seconds.
     Fuzz {
         #[arg(long, default_value_t = 300)]
@@ -142,6 +154,7 @@ fn main() -> ExitCode {
         Cmd::Test { args } => testrun::test(args),
         Cmd::Peers => peers(),
         Cmd::Fuzz { secs } => fuzz::run(secs),
+        Cmd::Kernels { kernels } => kernels::run(&kernels),
         Cmd::Image { tag, push, archive } => image(&tag, push, archive.as_deref()),
         Cmd::GpuCheck { secs } => gpu_check(secs),
         Cmd::Demo { secs } => demo::run(secs),
