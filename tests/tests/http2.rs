@@ -185,6 +185,9 @@ fn streams_multiplexed_on_one_h2c_connection_match_the_engines_clock() {
             .get(&s.model)
             .unwrap_or_else(|| panic!("no record of {} (records: {:?})", s.model, records.keys()));
         assert_eq!(r["protocol"], "h2", "{}", s.model);
+        // A connection opened after the agent had the engine: every
+        // stream's first byte was seen reaching the socket.
+        assert_eq!(r["t0_source"], "arrival", "{}", s.model);
         assert_eq!(r["operation"], "chat", "{}", s.model);
         assert_eq!(r["stream"], true, "{}", s.model);
         assert_eq!(r["status"], 200, "{}", s.model);

@@ -118,6 +118,18 @@ pub fn test(args: Vec<String>) -> Result<()> {
         util::run(&mut bench_build).context("the bench-reference build's unit tests")?;
         // A short coverage-guided run over the decoder is part of the suite.
         fuzz::run(FUZZ_SECS_IN_TEST)?;
+        // The kernels GPU nodes run, under qemu: the focused root tests in
+        // each (the host kernel ran the whole suite above).
+        if root {
+            let started = std::time::Instant::now();
+            crate::kernels::matrix(&[], &crate::kernels::test_binaries()?)?;
+            eprintln!(
+                "xtask: kernel matrix passed in {:.0} s",
+                started.elapsed().as_secs_f64()
+            );
+        } else {
+            eprintln!("xtask: kernel matrix not run (needs root: qemu and eBPF in the VMs)");
+        }
     }
     Ok(())
 }
