@@ -215,6 +215,41 @@ fn tls_engine(mode: Mode) {
     assert_eq!(said.next().unwrap().unwrap(), "first");
 
     let log = dir.join("requests.jsonl");
+    let paranoid: i32 = std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
+        .map(|v| v.trim().parse().unwrap_or(2))
+        .unwrap_or(2);
+    if mode == Mode::BaseCapabilities && paranoid > 2 {
+        // Debian's and Ubuntu's kernels (perf_event_paranoid 3 by their
+        // own patch): without CAP_SYS_ADMIN no perf event opens, so the
+        // agent cannot attach at all: it must say why and what to do.
+        let out = Command::new("setpriv")
+            .arg("--bounding-set=-all,+bpf,+perfmon,+sys_ptrace,+dac_read_search")
+            .arg(tokentap_bin())
+            .args([
+                "run",
+                "--port",
+                &port.to_string(),
+                "--no-console",
+                "--no-gpu",
+            ])
+            .output()
+            .expect("run the agent under setpriv");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success(),
+            "started at paranoid {paranoid}: {err}"
+        );
+        assert!(
+            err.contains(&format!("kernel.perf_event_paranoid is {paranoid}"))
+                && err.contains("sysctl -w kernel.perf_event_paranoid=2"),
+            "{err}"
+        );
+        eprintln!(
+            "tls at the DaemonSet's capabilities: no start at perf_event_paranoid {paranoid} (said, with the sysctl)"
+        );
+        drop(client);
+        return;
+    }
     let mut cmd = if mode == Mode::BaseCapabilities {
         let mut c = Command::new("setpriv");
         c.arg("--bounding-set=-all,+bpf,+perfmon,+sys_ptrace,+dac_read_search")
@@ -282,6 +317,17 @@ fn tls_engine(mode: Mode) {
             true
         }
     };
+    if mode == Mode::BaseCapabilities {
+        // Read by the kernel matrix (`cargo xtask kernels`) for its table.
+        eprintln!(
+            "tls at the DaemonSet's capabilities: {} (perf_event_paranoid {paranoid})",
+            if plaintext {
+                "decoded"
+            } else {
+                "uprobes refused (CAP_SYS_ADMIN)"
+            }
+        );
+    }
     if plaintext {
         assert!(named.is_empty(), "not named: {named:?}");
         assert_eq!(decode["unsupported_protocol"], 0, "{decode}");

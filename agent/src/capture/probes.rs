@@ -240,6 +240,7 @@ fn attach(ebpf: &mut Ebpf, p: &Probe) -> Result<()> {
             let prog: &mut TracePoint = prog.try_into()?;
             prog.load().map_err(|e| load_failure(name, e))?;
             prog.attach(category, tp)
+                .map_err(|e| perf_refusal(anyhow::Error::new(e)))
                 .with_context(|| format!("attaching {name} to {category}/{tp}"))?;
         }
         Attach::BtfTracepoint { name: tp } => {
@@ -272,6 +273,35 @@ fn attach(ebpf: &mut Ebpf, p: &Probe) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// `kernel.perf_event_paranoid` above 2 is Debian's and Ubuntu's own
+/// restriction (a distribution patch): perf events — tracepoint
+/// attachments included — then open only with `CAP_SYS_ADMIN`, whatever
+/// `CAP_PERFMON` says. A refused attach there says so and what to do.
+fn perf_refusal(e: anyhow::Error) -> anyhow::Error {
+    let text = format!("{e:#}");
+    if !(text.contains("Permission denied") || text.contains("Operation not permitted")) {
+        return e;
+    }
+    match perf_event_paranoid() {
+        Some(level) if level > 2 => e.context(format!(
+            "kernel.perf_event_paranoid is {level} on this node: above 2 (Debian's and Ubuntu's \
+             default) the kernel opens perf events only with CAP_SYS_ADMIN, CAP_PERFMON is not \
+             enough. Set it to 2 on the node (`sysctl -w kernel.perf_event_paranoid=2`, \
+             docs/deploy.md \"Kernels\") or give the agent CAP_SYS_ADMIN"
+        )),
+        _ => e,
+    }
+}
+
+/// `/proc/sys/kernel/perf_event_paranoid` (a host-wide setting).
+pub fn perf_event_paranoid() -> Option<i32> {
+    std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// Why a program did not load. EPERM/EACCES with an empty verifier log is
