@@ -130,6 +130,10 @@ struct Row {
     secs: f64,
     /// The running kernel, whose tests were the whole suite's.
     suite: bool,
+    /// (path, workload) → CPU ns per call of each round.
+    costs: Vec<(String, String, f64)>,
+    /// Agents of the cost phase that did not stop on SIGINT (killed).
+    stuck: Vec<String>,
 }
 
 impl Row {
@@ -147,6 +151,8 @@ impl Row {
             failed: Vec::new(),
             secs: 0.0,
             suite: false,
+            costs: Vec::new(),
+            stuck: Vec::new(),
         }
     }
 }
@@ -218,6 +224,17 @@ fn host_row(tests: &[(String, PathBuf)], run_tests: bool) -> Result<Row> {
         eprintln!("xtask: kernels: host: end {entry_bin}::{name} rc={rc}");
         read_mark(&format!("end {bin}::{name} rc={rc} "), &mut row, &mut done);
     }
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(cost_script())
+        .stdin(Stdio::null())
+        .output()
+        .context("the per-syscall cost phase")?;
+    for l in String::from_utf8_lossy(&out.stdout).lines() {
+        if let Some(rest) = l.find(MARK).map(|i| &l[i + MARK.len()..]) {
+            read_mark(rest.trim(), &mut row, &mut done);
+        }
+    }
     row.secs = started.elapsed().as_secs_f64();
     Ok(row)
 }
@@ -265,7 +282,11 @@ pub fn matrix(only: &[String], tests: &[(String, PathBuf)], host_tests: bool) ->
         let image = fetch_kernel(&dir, k)?;
         rows.push(boot(&dir, k, &image, &rootfs)?);
     }
-    let table = table(&rows);
+    let table = format!(
+        "{}\nPer-syscall CPU cost on a process the agent does not target (median of {COST_ROUNDS} rounds; emulated time in the VMs: compare within a row):\n\n{}",
+        table(&rows),
+        cost_table(&rows)
+    );
     println!("{table}");
     std::fs::write(dir.join("matrix.md"), &table)?;
     let failed: Vec<String> = rows
@@ -515,7 +536,7 @@ fn build_rootfs(dir: &Path, tests: &[(String, PathBuf)]) -> Result<PathBuf> {
     std::fs::write(root.join("etc/hosts"), "127.0.0.1 localhost\n")?;
 
     let target = util::root().join("target/debug");
-    let mut programs: Vec<PathBuf> = ["tokentap", "simengine", "sockpeer", "h2engine"]
+    let mut programs: Vec<PathBuf> = ["tokentap", "simengine", "sockpeer", "h2engine", "benchpeer"]
         .iter()
         .map(|b| target.join(b))
         .collect();
@@ -648,6 +669,50 @@ fn shared_libraries(path: &Path) -> Result<Vec<PathBuf>> {
         .collect())
 }
 
+/// Rounds of the per-syscall cost phase (the median is reported).
+const COST_ROUNDS: usize = 3;
+
+/// The per-syscall cost on a process the agent does not target, for each
+/// data-hook path this kernel runs: `benchpeer sys` (getppid, a syscall
+/// no program is for: the BTF program still runs at its exit) and
+/// `benchpeer pipe` (16-byte pipe writes: a data syscall of a process
+/// that is not a target), without the agent, then with it under
+/// `--data-hooks tracepoint` and `btf`, alternating, `COST_ROUNDS`
+/// rounds. Shell, run as is on the host and in each VM; each line
+/// `MARK cost PATH WORKLOAD {json}`.
+fn cost_script() -> String {
+    let target = util::root().join("target/debug");
+    let (agent, peer) = (target.join("tokentap"), target.join("benchpeer"));
+    format!(
+        r#"for round in $(seq {COST_ROUNDS}); do
+  for path in none tracepoint btf; do
+    A=
+    if [ $path != none ]; then
+      {agent} run --port 9 --no-console --no-gpu --no-engine-metrics --no-engine-info --data-hooks $path > /tmp/cost-agent.out 2>&1 &
+      A=$!
+      i=0; until grep -q '; ready' /tmp/cost-agent.out || [ $i -ge 600 ]; do sleep 0.1; i=$((i+1)); done
+    fi
+    for w in sys pipe; do
+      echo "{MARK} cost $path $w $(echo go | {peer} $w 1.5 | tail -1)"
+    done
+    if [ -n "$A" ]; then
+      kill -INT $A
+      i=0; while kill -0 $A 2>/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done
+      if kill -0 $A 2>/dev/null; then
+        echo "{MARK} stuck $path: the agent did not stop within 10 s of SIGINT (killed); its last lines:"
+        tail -3 /tmp/cost-agent.out
+        kill -9 $A
+      fi
+      wait $A
+    fi
+  done
+done
+"#,
+        agent = agent.display(),
+        peer = peer.display()
+    )
+}
+
 /// Marker lines the init script prints and [`boot`] reads.
 const MARK: &str = "@@tokentap-kernels";
 
@@ -694,6 +759,7 @@ ip link set lo up
             exe.display()
         ));
     }
+    s.push_str(&cost_script());
     s.push_str(&format!("echo \"{MARK} done\"\npoweroff -f\n"));
     Ok(s)
 }
@@ -866,9 +932,75 @@ fn read_mark(rest: &str, row: &mut Row, done: &mut bool) {
         } else {
             row.failed.push(name);
         }
+    } else if let Some(p) = rest.strip_prefix("stuck ") {
+        row.stuck
+            .push(p.split(':').next().unwrap_or_default().to_string());
+    } else if let Some(c) = rest.strip_prefix("cost ") {
+        let mut it = c.splitn(3, ' ');
+        let (Some(path), Some(w), Some(json)) = (it.next(), it.next(), it.next()) else {
+            return;
+        };
+        if let Ok(v) = serde_json::from_str::<serde_json::Value>(json) {
+            let (n, cpu) = (v["writes"].as_f64(), v["cpu_s"].as_f64());
+            if let (Some(n), Some(cpu)) = (n, cpu) {
+                if n > 0.0 {
+                    row.costs.push((path.into(), w.into(), cpu * 1e9 / n));
+                }
+            }
+        }
     } else if rest == "done" {
         *done = true;
     }
+}
+
+/// Median of a path's rounds for one workload.
+fn median_cost(r: &Row, path: &str, w: &str) -> Option<f64> {
+    let mut v: Vec<f64> = r
+        .costs
+        .iter()
+        .filter(|(p, x, _)| p == path && x == w)
+        .map(|(_, _, ns)| *ns)
+        .collect();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied()
+}
+
+/// The per-syscall cost table: CPU ns per call of a process the agent does
+/// not target, and what each data-hook path adds (one run per kernel; in
+/// the VMs the time is emulated, so compare paths within a row).
+fn cost_table(rows: &[Row]) -> String {
+    let mut t = String::from(
+        "| kernel | getppid() untraced | + tracepoint | + BTF | 16-byte pipe write() untraced | + tracepoint | + BTF |\n\
+         |---|---|---|---|---|---|---|\n"
+    );
+    for r in rows.iter().filter(|r| !r.costs.is_empty()) {
+        let cell = |w: &str| -> [String; 3] {
+            let base = median_cost(r, "none", w);
+            let add = |p: &str| match (base, median_cost(r, p, w)) {
+                (Some(b), Some(x)) => format!("{:+.0} ns", x - b),
+                _ => "?".into(),
+            };
+            [
+                base.map_or("?".into(), |b| format!("{b:.0} ns")),
+                add("tracepoint"),
+                add("btf"),
+            ]
+        };
+        let (a, b) = (cell("sys"), cell("pipe"));
+        let stuck = if r.stuck.is_empty() {
+            String::new()
+        } else {
+            format!(
+                " (agent did not stop on SIGINT in 10 s, killed: {})",
+                r.stuck.join(", ")
+            )
+        };
+        t.push_str(&format!(
+            "| {}{stuck} | {} | {} | {} | {} | {} | {} |\n",
+            r.kernel, a[0], a[1], a[2], b[0], b[1], b[2]
+        ));
+    }
+    t
 }
 
 fn table(rows: &[Row]) -> String {
