@@ -77,6 +77,14 @@ pub fn data_sys_exit(ctx: BtfTracePointContext) -> i32 {
         Some(sc) => sc,
         None => return 0,
     };
+    data_exit(regs, sc, || ctx.arg(1))
+}
+
+/// One data syscall's exit, from its saved user registers (`regs`, a
+/// BTF-typed `struct pt_regs *`) and its return value: the BTF
+/// `sys_exit` program's body, and every fexit program's (`fexit.rs`).
+#[inline(always)]
+pub(crate) fn data_exit(regs: *const u64, sc: Syscall, ret: impl FnOnce() -> i64) -> i32 {
     let id = bpf_get_current_pid_tgid();
     let tgid = (id >> 32) as u32;
     // The array pre-filter first: a process that is not targeted returns
@@ -88,7 +96,7 @@ pub fn data_sys_exit(ctx: BtfTracePointContext) -> i32 {
     if unsafe { TARGETS.get(&tgid) }.is_none() {
         return 0;
     }
-    let r: i64 = ctx.arg(1);
+    let r: i64 = ret();
     if r == -EAGAIN {
         return 0;
     }

@@ -8,7 +8,8 @@
 //!
 //! One file per hook family: `data.rs` (read/write family, syscall
 //! tracepoints), `btf.rs` (the same calls from one `tp_btf/sys_exit`
-//! program, preferred where the kernel allows it), `conn.rs`
+//! program), `fexit.rs` (the same from fexit programs on the data
+//! syscalls alone, preferred where the kernel allows it), `conn.rs`
 //! (accept/connect/close), `process.rs` (exec/fork/exit), `arrival.rs`
 //! (`tcp:tcp_probe`: when a request's bytes reach an engine's socket). Maps live in
 //! `maps.rs`. The object carries the record-layout version in its
@@ -26,6 +27,8 @@ mod conn;
 mod ctx;
 #[cfg(target_arch = "bpf")]
 mod data;
+#[cfg(target_arch = "bpf")]
+mod fexit;
 #[cfg(target_arch = "bpf")]
 mod maps;
 #[cfg(target_arch = "bpf")]

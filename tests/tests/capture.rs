@@ -89,9 +89,50 @@ fn assert_monotonic_per_conn(evs: &[Value]) {
 #[ignore = "needs root: loads eBPF (cargo xtask test runs it as root)"]
 fn every_read_and_write_syscall_is_captured_in_order_and_nothing_else() {
     assert_root("capture exchange");
-    // The default (auto) on this kernel: the BTF program.
+    // The default (auto) on every kernel tested: the BTF program.
     let cap = exchange(Command::new(tokentap_bin()), &[], "exchange");
     assert_ready_with(&cap, "data hooks btf; ready");
+}
+
+/// `--data-hooks fexit`: the same exact capture where the kernel allows
+/// fexit programs; elsewhere the agent refuses to start and says why
+/// (the kernel's own answer), never a silent fallback.
+#[test]
+#[ignore = "needs root: loads eBPF (cargo xtask test runs it as root)"]
+fn the_fexit_data_hooks_capture_the_same_where_the_kernel_allows_them() {
+    assert_root("capture exchange, fexit hooks");
+    let dir = scratch_dir("fexit-probe");
+    let a = peer();
+    let out = Command::new(tokentap_bin())
+        .args([
+            "capture",
+            "--pid",
+            &a.pid.to_string(),
+            "--data-hooks",
+            "fexit",
+        ])
+        .args(["--duration", "1"])
+        .arg("--out")
+        .arg(dir.join("cap.jsonl"))
+        .output()
+        .unwrap();
+    drop(a);
+    let err = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() {
+        assert!(
+            err.contains("--data-hooks fexit") && err.contains("fexit_"),
+            "a refusal names the option and the program: {err}"
+        );
+        eprintln!("fexit data hooks: refused by this kernel");
+        return;
+    }
+    let cap = exchange(
+        Command::new(tokentap_bin()),
+        &["--data-hooks", "fexit"],
+        "exchange-fexit",
+    );
+    assert_ready_with(&cap, "data hooks fexit; ready");
+    eprintln!("fexit data hooks: captured");
 }
 
 #[test]

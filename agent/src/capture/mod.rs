@@ -128,6 +128,9 @@ impl Default for CaptureOptions {
 pub enum DataHooks {
     /// `btf` where the kernel allows it, else `tracepoint`.
     Auto,
+    /// One fexit program on each data syscall's entry point (asked for
+    /// only: it misses the calls in flight when it attaches).
+    Fexit,
     /// One BTF tracepoint program on the raw `sys_exit` tracepoint.
     Btf,
     /// A perf syscall tracepoint pair per data syscall.
@@ -138,6 +141,7 @@ impl DataHooks {
     pub fn name(self) -> &'static str {
         match self {
             Self::Auto => "auto",
+            Self::Fexit => "fexit",
             Self::Btf => "btf",
             Self::Tracepoint => "tracepoint",
         }
@@ -396,6 +400,7 @@ fn kernel_line(a: &probes::Attached, arrival: bool, arrival_asked: bool) -> Stri
         .map(|r| r.trim().to_string())
         .unwrap_or_else(|_| "?".to_string());
     let data = match a.data {
+        DataHooks::Fexit => "socket data through fexit on the data syscalls",
         DataHooks::Btf => "socket data through the BTF sys_exit tracepoint",
         _ => "socket data through syscall tracepoints",
     };

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use aya::{
-    programs::{uprobe::UProbeScope, BtfTracePoint, ProbeKind, TracePoint, UProbe},
+    programs::{uprobe::UProbeScope, BtfTracePoint, FExit, ProbeKind, TracePoint, UProbe},
     Btf, Ebpf,
 };
 
@@ -36,6 +36,9 @@ pub enum Attach {
     },
     /// A BTF-typed raw tracepoint (`tp_btf/NAME`; needs kernel BTF).
     BtfTracepoint { name: &'static str },
+    /// An fexit program on kernel function `function` (a BPF trampoline;
+    /// needs kernel BTF and a kernel that allows tracing programs).
+    FExit { function: &'static str },
     /// A uprobe (or, with `ret`, a uretprobe) on `symbol` of `target` (a
     /// path, or a library name the loader resolves): a user-space
     /// library's functions, such as a TLS library's read and write.
@@ -59,6 +62,8 @@ pub enum When {
     DataTracepoint,
     /// With the BTF data hooks (`--data-hooks btf`, and `auto` first).
     DataBtf,
+    /// With the fexit data hooks (`--data-hooks fexit` only).
+    DataFexit,
     /// When `sched_process_fork`'s `child_pid` is at this offset on this
     /// kernel (the program reads it there); no matching variant: children
     /// of targets are not followed in the kernel, said once.
@@ -137,6 +142,15 @@ pub const PROBES: &[Probe] = &[
     syscall("sys_enter_fork", When::IfPresent),
     syscall("sys_enter_vfork", When::IfPresent),
     syscall("sys_enter_listen", When::Required),
+    // Socket data, fexit: one program per data syscall (fexit.rs).
+    fexit("fexit_read", "__x64_sys_read"),
+    fexit("fexit_write", "__x64_sys_write"),
+    fexit("fexit_readv", "__x64_sys_readv"),
+    fexit("fexit_writev", "__x64_sys_writev"),
+    fexit("fexit_sendto", "__x64_sys_sendto"),
+    fexit("fexit_recvfrom", "__x64_sys_recvfrom"),
+    fexit("fexit_sendmsg", "__x64_sys_sendmsg"),
+    fexit("fexit_recvmsg", "__x64_sys_recvmsg"),
     // Socket data, BTF: one program on every syscall's exit (btf.rs).
     Probe {
         program: "data_sys_exit",
@@ -175,6 +189,15 @@ pub const PROBES: &[Probe] = &[
     tls("bio_write", "libcrypto.so.3", "BIO_write", false),
     tls("bio_read", "libcrypto.so.3", "BIO_read", false),
 ];
+
+/// An fexit data-hook row.
+const fn fexit(program: &'static str, function: &'static str) -> Probe {
+    Probe {
+        program,
+        attach: Attach::FExit { function },
+        when: When::DataFexit,
+    }
+}
 
 /// A TLS uprobe row (the library is each one the targets map).
 const fn tls(
@@ -217,6 +240,7 @@ impl Kernel {
             },
             When::DataTracepoint => self.data == DataHooks::Tracepoint,
             When::DataBtf => self.data == DataHooks::Btf,
+            When::DataFexit => self.data == DataHooks::Fexit,
             When::ForkLayout(at) => self.layouts.fork_child_pid == Some(at),
             When::ExitLayout(l) => self.layouts.exit == l,
             When::Arrival | When::Tls => false,
@@ -243,13 +267,22 @@ fn attach(ebpf: &mut Ebpf, p: &Probe) -> Result<()> {
                 .map_err(|e| perf_refusal(anyhow::Error::new(e)))
                 .with_context(|| format!("attaching {name} to {category}/{tp}"))?;
         }
+        Attach::FExit { function } => {
+            if !cfg!(target_arch = "x86_64") {
+                bail!("{name} hooks x86_64 syscall entry points; this is another architecture");
+            }
+            let btf = kernel_btf()?;
+            let prog: &mut FExit = prog.try_into()?;
+            prog.load(function, &btf)
+                .map_err(|e| load_failure(name, e))?;
+            prog.attach()
+                .with_context(|| format!("attaching {name} as fexit on {function}"))?;
+        }
         Attach::BtfTracepoint { name: tp } => {
             if !cfg!(target_arch = "x86_64") {
                 bail!("{name} reads x86_64 registers; this is another architecture");
             }
-            let btf = Btf::from_sys_fs().map_err(|e| anyhow::anyhow!(e)).context(
-                "no kernel BTF (/sys/kernel/btf/vmlinux; a kernel built with CONFIG_DEBUG_INFO_BTF has it)",
-            )?;
+            let btf = kernel_btf()?;
             let prog: &mut BtfTracePoint = prog.try_into()?;
             prog.load(tp, &btf).map_err(|e| load_failure(name, e))?;
             prog.attach()
@@ -273,6 +306,13 @@ fn attach(ebpf: &mut Ebpf, p: &Probe) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The kernel's BTF (fexit and BTF tracepoint programs are typed by it).
+fn kernel_btf() -> Result<Btf> {
+    Btf::from_sys_fs().map_err(|e| anyhow::anyhow!(e)).context(
+        "no kernel BTF (/sys/kernel/btf/vmlinux; a kernel built with CONFIG_DEBUG_INFO_BTF has it)",
+    )
 }
 
 /// `kernel.perf_event_paranoid` above 2 is Debian's and Ubuntu's own
@@ -319,12 +359,43 @@ fn load_failure(name: &str, e: aya::programs::ProgramError) -> anyhow::Error {
         _ => false,
     };
     let text = format!("{e:?}");
+    // SAFETY: geteuid has no preconditions.
+    if refused && unsafe { libc::geteuid() } == 0 {
+        // Root, so not a missing capability: the kernel's own policy.
+        let lockdown = std::fs::read_to_string("/sys/kernel/security/lockdown")
+            .ok()
+            .and_then(|l| {
+                l.split_whitespace()
+                    .find(|w| w.starts_with('['))
+                    .map(|w| w.trim_matches(['[', ']']).to_string())
+            })
+            .filter(|m| m != "none");
+        return anyhow::anyhow!(
+            "the kernel refused to load {name} even to root: {} ({text})",
+            match lockdown {
+                Some(m) => format!("kernel lockdown ({m}) forbids this program type"),
+                None => "a kernel policy (lockdown, an LSM) forbids this program type".into(),
+            }
+        );
+    }
     if refused {
         return anyhow::anyhow!(
             "the kernel refused to load {name}: Operation not permitted — tracepoint programs need CAP_PERFMON (with CAP_BPF) or root ({text})"
         );
     }
     anyhow::anyhow!(text).context(format!("the kernel verifier rejected {name}"))
+}
+
+/// Unloads every row with `when` (their links go with them): what a
+/// failed `attach_all` left attached.
+fn detach_all(ebpf: &mut Ebpf, when: When) {
+    for p in PROBES.iter().filter(|p| p.when == when) {
+        if let Some(prog) = ebpf.program_mut(p.program) {
+            if let Ok(f) = <&mut FExit>::try_from(prog) {
+                let _ = f.unload();
+            }
+        }
+    }
 }
 
 /// Attaches every row with `when`; the first failure is the error.
@@ -347,6 +418,14 @@ pub(super) fn attach_agent(ebpf: &mut Ebpf, hooks: DataHooks) -> Result<Attached
         DataHooks::Btf => {
             attach_all(ebpf, When::DataBtf).context("--data-hooks btf")?;
             DataHooks::Btf
+        }
+        DataHooks::Fexit => {
+            if let Err(e) = attach_all(ebpf, When::DataFexit) {
+                // A half-attached set must not stay behind the error.
+                detach_all(ebpf, When::DataFexit);
+                return Err(e.context("--data-hooks fexit"));
+            }
+            DataHooks::Fexit
         }
         DataHooks::Auto => match attach_all(ebpf, When::DataBtf) {
             Ok(()) => DataHooks::Btf,
@@ -374,7 +453,10 @@ pub(super) fn attach_agent(ebpf: &mut Ebpf, hooks: DataHooks) -> Result<Attached
              child processes of targets are not followed"
         );
     }
-    for p in PROBES.iter().filter(|p| p.when != When::DataBtf) {
+    for p in PROBES
+        .iter()
+        .filter(|p| !matches!(p.when, When::DataBtf | When::DataFexit))
+    {
         if k.wants(p) {
             attach(ebpf, p)?;
         } else if p.when == When::IfPresent {

@@ -417,10 +417,16 @@ pub struct KernelFlags {
     pub no_tls: bool,
     /// How socket reads and writes are hooked. `btf`: one BTF tracepoint
     /// program on the raw `sys_exit` tracepoint (x86_64, kernel BTF, Linux
-    /// 5.5+; about half the cost per traced call and per untraced write).
-    /// `tracepoint`: a perf tracepoint pair per syscall (any kernel with
-    /// syscall tracepoints). `auto` tries `btf` and falls back to
-    /// `tracepoint`, saying why.
+    /// 5.5+; about half the cost per traced call of `tracepoint`, but it
+    /// runs at the exit of every syscall of every process). `tracepoint`:
+    /// a perf tracepoint pair per syscall (any kernel with syscall
+    /// tracepoints). `fexit`: one fexit program per data syscall (x86_64,
+    /// kernel BTF, a kernel that allows BPF trampolines — Debian's 6.1 and
+    /// 6.12 do): other syscalls no longer run a program, but a call
+    /// already in progress when it attaches (an idle kept-alive
+    /// connection's read) is not seen, so the first request on such a
+    /// connection is lost at start; asked for only. `auto` tries `btf` and
+    /// falls back to `tracepoint`, saying why (docs/deploy.md, "Kernels").
     #[arg(long, value_enum, value_name = "HOOKS", default_value_t = DataHooks::Auto)]
     pub data_hooks: DataHooks,
     /// Benchmark reference only: the capture path as it was before the
