@@ -122,7 +122,7 @@ pub fn test(args: Vec<String>) -> Result<()> {
         // each (the host kernel ran the whole suite above).
         if root {
             let started = std::time::Instant::now();
-            crate::kernels::matrix(&[], &crate::kernels::test_binaries()?, false)?;
+            crate::kernels::matrix(&[], &crate::kernels::test_binaries()?, false, 1)?;
             eprintln!(
                 "xtask: kernel matrix passed in {:.0} s",
                 started.elapsed().as_secs_f64()
