@@ -100,6 +100,15 @@ pub const FOCUSED: &[(&str, &str)] = &[
     ),
 ];
 
+/// The executable of test target `bin`.
+fn test_exe<'a>(tests: &'a [(String, PathBuf)], bin: &str) -> Result<&'a PathBuf> {
+    tests
+        .iter()
+        .find(|(n, _)| n == bin)
+        .map(|(_, p)| p)
+        .with_context(|| format!("no test binary {bin} was built"))
+}
+
 /// A focused entry's binary and the node setting it runs under
 /// (`paranoid=2 BIN`: `kernel.perf_event_paranoid` set to 2 first).
 fn entry(bin: &str) -> (Option<&str>, &str) {
@@ -197,11 +206,7 @@ fn host_row(tests: &[(String, PathBuf)], run_tests: bool) -> Result<Row> {
     }
     for (entry_bin, name) in FOCUSED {
         let (setting, bin) = entry(entry_bin);
-        let exe = tests
-            .iter()
-            .find(|(n, _)| n == bin)
-            .map(|(_, p)| p)
-            .with_context(|| format!("no test binary {bin} was built"))?;
+        let exe = test_exe(tests, bin)?;
         let paranoid = "/proc/sys/kernel/perf_event_paranoid";
         let before = std::fs::read_to_string(paranoid).unwrap_or_default();
         if setting == Some("paranoid=2") {
@@ -554,12 +559,7 @@ fn build_rootfs(dir: &Path, tests: &[(String, PathBuf)], rounds: usize) -> Resul
         .collect();
     let wanted: BTreeSet<&str> = FOCUSED.iter().map(|(b, _)| entry(b).1).collect();
     for b in &wanted {
-        let exe = tests
-            .iter()
-            .find(|(n, _)| n == b)
-            .map(|(_, p)| p.clone())
-            .with_context(|| format!("no test binary {b} was built"))?;
-        programs.push(exe);
+        programs.push(test_exe(tests, b)?.clone());
     }
     programs.extend(HOST_PROGRAMS.iter().map(PathBuf::from));
     let mut libs = BTreeSet::new();
@@ -766,11 +766,7 @@ ip link set lo up
     ));
     for (entry_bin, name) in FOCUSED {
         let (setting, bin) = entry(entry_bin);
-        let exe = tests
-            .iter()
-            .find(|(n, _)| n == bin)
-            .map(|(_, p)| p)
-            .with_context(|| format!("no test binary {bin} was built"))?;
+        let exe = test_exe(tests, bin)?;
         if setting == Some("paranoid=2") {
             s.push_str("echo 2 > /proc/sys/kernel/perf_event_paranoid\n");
         }
