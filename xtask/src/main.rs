@@ -99,9 +99,11 @@ enum Cmd {
     /// The kernel matrix: boot Debian's 6.1 and 6.12 kernels under qemu
     /// (fetched with apt-get; qemu, busybox-static and cpio installed when
     /// missing) with a root filesystem of the suite's own binaries, run
-    /// the focused root tests in each (capture exactness on both data-hook
-    /// paths, TTFT against the engine's clock, discovery, arrival, HTTP/2,
-    /// TLS), print the table (also target/kernels/matrix.md). Root.
+    /// the focused root tests in each (capture exactness on every
+    /// data-hook path, TTFT against the engine's clock, discovery, arrival,
+    /// HTTP/2, TLS, the DaemonSet's capabilities) and the per-syscall cost
+    /// of each data-hook path, print the tables (also
+    /// target/kernels/matrix.md). Root.
     /// `cargo xtask test` runs it after the host suite.
     Kernels {
         /// Only these kernels (labels: 6.1, 6.12); default all.
