@@ -31,6 +31,7 @@ pub mod gateway;
 pub mod grpc;
 pub mod http1;
 pub mod http2;
+pub mod reqscan;
 pub mod stream;
 
 use std::{collections::HashMap, sync::Arc};
@@ -48,8 +49,6 @@ use crate::{
 
 /// A request or response head larger than this is garbage.
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;
-/// Request body bytes kept for JSON parsing (model, stream flag, prompt).
-pub const MAX_REQUEST_BODY: usize = 1 << 20;
 /// Non-streamed response body bytes kept for JSON parsing.
 pub const MAX_RESPONSE_BODY: usize = 4 << 20;
 /// Requests waiting for their response on one connection (pipelining).
@@ -397,11 +396,9 @@ fn tls_key(pid: u32, fd: i32) -> (u32, i32) {
 /// within one run; the body cannot be recovered from it and the value means
 /// nothing outside the process, so it is never exported.
 pub fn body_fingerprint(body: &[u8]) -> u64 {
-    use std::hash::BuildHasher;
-    static KEY: std::sync::OnceLock<std::collections::hash_map::RandomState> =
-        std::sync::OnceLock::new();
-    KEY.get_or_init(std::collections::hash_map::RandomState::new)
-        .hash_one(body)
+    let mut h = reqscan::BodyHash::new();
+    h.update(body);
+    h.finish(body.len() as u64)
 }
 
 /// Does `data` start with TLS records: at least one whole record header,

@@ -55,13 +55,15 @@ impl CallerConfig {
     }
 }
 
+/// Bytes of a value [`bounded_value`] looks at: never more are converted
+/// (a 64 KiB header costs 512 bytes).
+pub const LOOK_BYTES: usize = 4 * MAX_TENANT_BYTES;
+
 /// A header or body value as an attribute may carry it: lossy UTF-8,
 /// trimmed, control characters replaced, at most [`MAX_TENANT_BYTES`]
 /// (cut at a character boundary and ended with [`TRUNCATED`]). None when
 /// nothing is left.
 pub fn bounded_value(raw: &[u8]) -> Option<String> {
-    // Never convert more than this: a 64 KiB header costs 512 bytes.
-    const LOOK_BYTES: usize = 4 * MAX_TENANT_BYTES;
     let s = String::from_utf8_lossy(&raw[..raw.len().min(LOOK_BYTES)]);
     let s: String = s
         .trim()

@@ -16,8 +16,8 @@ use std::collections::VecDeque;
 
 use self::head::{looks_like_request, Framing, HeadBuf, NotHttp, RequestHead, ResponseHead};
 use super::{
-    arrival::At, body::Body, exchange::Exchange, formats::request_info_with, ConnInfo, Flow, Out,
-    Piece, MAX_PIPELINE, MAX_REQUEST_BODY,
+    arrival::At, body::Body, exchange::Exchange, reqscan::RequestScan, ConnInfo, Flow, Out, Piece,
+    MAX_PIPELINE,
 };
 use crate::engines::Engine;
 use crate::event::{Dir, Role};
@@ -28,7 +28,8 @@ enum ReqState {
     Body {
         seq: u64,
         framing: Framing,
-        buf: Vec<u8>,
+        /// The body read as it passes (never kept).
+        scan: Box<RequestScan>,
         complete: bool,
     },
 }
@@ -100,7 +101,7 @@ impl Http1Conn {
     pub fn buffered(&self) -> usize {
         let req = match &self.req {
             ReqState::Head(h) => h.buffered(),
-            ReqState::Body { buf, .. } => buf.capacity(),
+            ReqState::Body { scan, .. } => std::mem::size_of::<RequestScan>() + scan.buffered(),
         };
         let resp = match &self.resp {
             RespState::Head(h) => h.buffered(),
@@ -192,7 +193,7 @@ impl Http1Conn {
         let missing = (p.ret as u64).saturating_sub(p.data.len() as u64);
         let step = if is_request {
             self.request_bytes(conn, out, p.ts_ns, p.data, p.arrival)
-                .and_then(|()| self.request_gap(missing, &out.identity.rule_fields))
+                .and_then(|()| self.request_gap(missing))
                 .map(|()| Flow::Continue)
         } else {
             self.response_bytes(out, p.ts_ns, p.data)
@@ -296,26 +297,22 @@ impl Http1Conn {
                         seq,
                         complete,
                         framing,
-                        buf: Vec::new(),
+                        scan: Box::new(RequestScan::new(&out.identity.rule_fields)),
                     };
                     if complete {
-                        self.request_done(&out.identity.rule_fields);
+                        self.request_done();
                     }
                 }
-                ReqState::Body { framing, buf, .. } => {
-                    let keep = |b: &[u8], buf: &mut Vec<u8>| {
-                        let room = MAX_REQUEST_BODY.saturating_sub(buf.len());
-                        buf.extend_from_slice(&b[..b.len().min(room)]);
-                    };
+                ReqState::Body { framing, scan, .. } => {
                     let (used, done) = match framing {
                         Framing::Length(left) => {
                             let n = (*left).min(data.len() as u64) as usize;
-                            keep(&data[..n], buf);
+                            scan.feed(&data[..n]);
                             *left -= n as u64;
                             (n, *left == 0)
                         }
                         Framing::Chunked(c) => {
-                            let mut sink = |b: &[u8]| keep(b, buf);
+                            let mut sink = |b: &[u8]| scan.feed(b);
                             match c.feed(data, &mut sink) {
                                 Ok(n) => (n, c.is_done()),
                                 Err(_) => return Err(NotHttp),
@@ -325,7 +322,7 @@ impl Http1Conn {
                     };
                     data = &data[used..];
                     if done {
-                        self.request_done(&out.identity.rule_fields);
+                        self.request_done();
                     }
                 }
             }
@@ -334,7 +331,7 @@ impl Http1Conn {
     }
 
     /// Capture dropped `missing` request bytes at the end of the last call.
-    fn request_gap(&mut self, missing: u64, fields: &[String]) -> Result<(), NotHttp> {
+    fn request_gap(&mut self, missing: u64) -> Result<(), NotHttp> {
         if missing == 0 {
             return Ok(());
         }
@@ -342,21 +339,25 @@ impl Http1Conn {
             ReqState::Body {
                 framing: Framing::Length(left),
                 complete,
+                scan,
                 ..
             } if missing <= *left => {
                 *left -= missing;
                 *complete = false; // the body JSON is incomplete
+                scan.gap();
                 if *left == 0 {
-                    self.request_done(fields);
+                    self.request_done();
                 }
                 Ok(())
             }
             ReqState::Body {
                 framing: Framing::Chunked(c),
                 complete,
+                scan,
                 ..
             } => {
                 *complete = false;
+                scan.gap();
                 if c.skip(missing) {
                     Ok(())
                 } else {
@@ -369,13 +370,12 @@ impl Http1Conn {
 
     /// The request body is complete: read what it says (and which of the
     /// body keys `fields` it has), expect the next head.
-    fn request_done(&mut self, fields: &[String]) {
+    fn request_done(&mut self) {
         let state = std::mem::replace(&mut self.req, ReqState::Head(HeadBuf::default()));
-        if let ReqState::Body { seq, buf, .. } = state {
+        if let ReqState::Body { seq, scan, .. } = state {
             if let Some(x) = self.queue.iter_mut().find(|x| x.seq == seq) {
-                if !buf.is_empty() {
-                    x.request = request_info_with(&buf, fields);
-                    x.prompt_fp = Some(crate::decode::body_fingerprint(&buf));
+                if !scan.is_empty() {
+                    (x.request, x.prompt_fp) = scan.finish();
                 }
             }
         }

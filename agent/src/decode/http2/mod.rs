@@ -15,7 +15,8 @@
 //! is recognised from its messages (`grpc::proto::request_shape`).
 //!
 //! **Bounds** (per connection): [`MAX_STREAMS`] streams at once; request
-//! and non-streamed response bodies share [`MAX_CONN_BODY`] bytes; a header
+//! bodies are read as they pass, never kept (`reqscan`); non-streamed
+//! response bodies share [`MAX_CONN_BODY`] bytes; a header
 //! block at most `MAX_HEAD_BYTES` (64 KiB); each HPACK table at most
 //! `hpack::MAX_TABLE_BYTES` (64 KiB); a gRPC message kept at most
 //! `grpc::MAX_KEPT` (16 KiB) per stream and direction. Worst case about
@@ -39,10 +40,9 @@ use std::collections::HashMap;
 use self::frame::{Event, Header};
 use super::body::Body;
 use super::exchange::Exchange;
-use super::formats::request_info_with;
 use super::grpc::{Call, GrpcCounts};
 use super::http1::head::HeadIdentity;
-use super::{ConnInfo, Flow, Out, Piece, HTTP2_PREFACE, MAX_REQUEST_BODY};
+use super::{reqscan::RequestScan, ConnInfo, Flow, Out, Piece, HTTP2_PREFACE};
 use crate::engines::Engine;
 use crate::event::{Dir, Role};
 use crate::vocab::ErrorType;
@@ -131,9 +131,8 @@ impl Side {
 /// A stream carrying a non-gRPC API (OpenAI over HTTP/2).
 struct HttpStream {
     x: Exchange,
-    req_buf: Vec<u8>,
-    /// The request body was cut (budget or size): its JSON is not read.
-    req_cut: bool,
+    /// The request body, read as it passes (never kept).
+    req_scan: Option<Box<RequestScan>>,
     body: Option<Body>,
     /// Body bytes this stream holds of the connection's budget.
     held: usize,
@@ -207,8 +206,7 @@ impl Http2Conn {
             1,
             Stream::Http(Box::new(HttpStream {
                 x,
-                req_buf: Vec::new(),
-                req_cut: false,
+                req_scan: None,
                 body: None,
                 held: 0,
             })),
@@ -243,7 +241,12 @@ impl Http2Conn {
             .streams
             .values()
             .map(|s| match s {
-                Stream::Http(h) => h.req_buf.capacity() + h.body.as_ref().map_or(0, Body::buffered),
+                Stream::Http(h) => {
+                    h.req_scan
+                        .as_ref()
+                        .map_or(0, |r| std::mem::size_of::<RequestScan>() + r.buffered())
+                        + h.body.as_ref().map_or(0, Body::buffered)
+                }
                 Stream::Grpc { call, .. } => call.buffered(),
                 Stream::Ignored => 0,
             })
@@ -725,8 +728,7 @@ impl Http2Conn {
             out.identify(&mut x, identity);
             Stream::Http(Box::new(HttpStream {
                 x,
-                req_buf: Vec::new(),
-                req_cut: false,
+                req_scan: None,
                 body: None,
                 held: 0,
             }))
@@ -811,14 +813,11 @@ impl Http2Conn {
         match self.streams.get_mut(&id) {
             Some(Stream::Http(h)) => {
                 if is_request {
-                    let room = MAX_REQUEST_BODY
-                        .saturating_sub(h.req_buf.len())
-                        .min(*budget);
-                    let n = bytes.len().min(room);
-                    h.req_buf.extend_from_slice(&bytes[..n]);
-                    h.held += n;
-                    *budget -= n;
-                    h.req_cut |= n < bytes.len();
+                    h.req_scan
+                        .get_or_insert_with(|| {
+                            Box::new(RequestScan::new(&out.identity.rule_fields))
+                        })
+                        .feed(bytes);
                 } else if let Some(body) = h.body.as_mut() {
                     h.x.last_response_byte_ns = Some(ts);
                     let before = body.kept();
@@ -883,15 +882,11 @@ impl Http2Conn {
     ) {
         if is_request {
             if let Some(Stream::Http(h)) = self.streams.get_mut(&id) {
-                if !h.req_buf.is_empty() {
-                    if !h.req_cut {
-                        h.x.request = request_info_with(&h.req_buf, &out.identity.rule_fields);
+                if let Some(scan) = h.req_scan.take() {
+                    if !scan.is_empty() {
+                        (h.x.request, h.x.prompt_fp) = scan.finish();
                     }
-                    h.x.prompt_fp = Some(super::body_fingerprint(&h.req_buf));
                 }
-                self.budget += h.req_buf.len();
-                h.held -= h.req_buf.len().min(h.held);
-                h.req_buf = Vec::new();
             }
             return;
         }
