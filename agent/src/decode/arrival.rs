@@ -64,6 +64,11 @@ pub struct Ledger {
 const RETRANSMIT_GAP_NS: u64 = 2_000_000;
 
 impl Ledger {
+    /// Heap bytes held (its segments).
+    pub fn buffered(&self) -> usize {
+        self.segs.capacity() * std::mem::size_of::<(u64, u64)>()
+    }
+
     /// A segment reached the socket. The tracepoint fires before TCP looks
     /// at the sequence number, so a retransmission of bytes the socket
     /// already holds (a tail-loss probe after the engine left them unread
@@ -159,6 +164,11 @@ pub enum Route {
 }
 
 impl Arrivals {
+    /// The open connection `a` belongs to, if one claimed its addresses.
+    pub fn peek_route(&self, a: &ArrivalEvent) -> Option<(u32, i32)> {
+        self.by_addr.get(&key(a.local_port, a.peer)).copied()
+    }
+
     pub fn route(&mut self, a: &ArrivalEvent) -> Route {
         self.events += 1;
         let k = key(a.local_port, a.peer);

@@ -60,6 +60,23 @@ impl Body {
         }
     }
 
+    /// The memory budget wants this body's bytes back: a plain body is
+    /// no longer read at its end (its record keeps timing and status,
+    /// tokens unknown), a stream drops the event being assembled. The
+    /// reason to count, when anything was held.
+    pub fn shed(&mut self) -> Option<&'static str> {
+        match self {
+            Body::Plain { buf, complete } => {
+                let held = buf.capacity() > 0;
+                *buf = Vec::new();
+                *complete = false;
+                held.then_some("response_body")
+            }
+            Body::Sse(s) => s.shed().then_some("stream_event"),
+            Body::Ndjson(n) => n.shed().then_some("stream_event"),
+        }
+    }
+
     /// Heap bytes held.
     pub fn buffered(&self) -> usize {
         match self {

@@ -51,6 +51,13 @@ use crate::{
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;
 /// Non-streamed response body bytes kept for JSON parsing.
 pub const MAX_RESPONSE_BODY: usize = 4 << 20;
+/// The decoder's memory budget by default (`--max-decode-memory`): what
+/// every connection's parsing state may hold together.
+pub const DEFAULT_MAX_MEMORY: usize = 64 << 20;
+/// Shedding stops once what is held is back under this share of the
+/// budget (eighths), so that it does not run on every call at the edge.
+const SHED_TO_EIGHTHS: usize = 7;
+
 /// Requests waiting for their response on one connection (pipelining).
 pub const MAX_PIPELINE: usize = 64;
 
@@ -106,6 +113,18 @@ pub struct DecodeStats {
     /// HTTP/2 connections dropped from decoding, by reason (also counted
     /// in `desyncs`).
     pub http2_dropped: std::collections::BTreeMap<&'static str, u64>,
+    /// What the memory budget took back, by reason: `response_body` (a
+    /// non-streamed body no longer read: tokens unknown), `stream_event`
+    /// (the stream event being assembled), `partial_head` (an idle
+    /// connection's unfinished head or header block: the connection is
+    /// decoded again from its next request, as one joined mid-way),
+    /// `in_flight` (a connection with requests in flight, ended as
+    /// `truncated_capture`).
+    pub shed: std::collections::BTreeMap<&'static str, u64>,
+    /// Bytes the decoder's connections held at the last call, and the
+    /// most they held (accounted per call, against the budget).
+    pub held_bytes: u64,
+    pub held_bytes_peak: u64,
     /// What gRPC decoding counted.
     pub grpc: grpc::GrpcCounts,
     /// What the gateway join counted.
@@ -114,8 +133,9 @@ pub struct DecodeStats {
 
 impl DecodeStats {
     /// (what, reason, count) of the HTTP/2 and gRPC counters with a
-    /// reason: `dropped` (HTTP/2 connections no longer decoded) and
-    /// `grpc_skipped` (gRPC messages not read).
+    /// reason: `dropped` (HTTP/2 connections no longer decoded),
+    /// `grpc_skipped` (gRPC messages not read) and `shed` (what the memory
+    /// budget took back).
     pub fn protocol_counts(&self) -> Vec<(&'static str, &'static str, u64)> {
         let mut v: Vec<_> = self
             .http2_dropped
@@ -123,6 +143,7 @@ impl DecodeStats {
             .map(|(r, n)| ("dropped", *r, *n))
             .collect();
         let g = &self.grpc;
+        v.extend(self.shed.iter().map(|(r, n)| ("shed", *r, *n)));
         for (r, n) in [
             ("unsupported_compression", g.unsupported_compression),
             ("oversized", g.oversized),
@@ -502,6 +523,10 @@ struct Conn {
     /// TLS plaintext whose writes are timed at the `SSL_write` call
     /// (memory BIOs), not at the socket write.
     writes_at_ssl_call: bool,
+    /// Bytes this connection held when last accounted (the budget's share).
+    held: usize,
+    /// Its last call (shedding takes the longest idle first).
+    last_ns: u64,
 }
 
 /// Records whose write times are `SSL_write` calls say so.
@@ -546,7 +571,24 @@ impl Conn {
             plain: false,
             cipher_arrival: None,
             writes_at_ssl_call: false,
+            held: 0,
+            last_ns: 0,
         }
+    }
+
+    /// Bytes it holds now: its own size, the protocol machine's buffers
+    /// and the arrival ledger.
+    fn cost(&self) -> usize {
+        let proto = match &self.proto {
+            Proto::Sniffing(s) => s.resp.capacity(),
+            Proto::Http1(h) => h.buffered(),
+            Proto::Http2(h) => std::mem::size_of::<Http2Conn>() + h.buffered(),
+            Proto::Unsupported => 0,
+        };
+        std::mem::size_of::<Conn>()
+            + self.info.client.as_ref().map_or(0, String::capacity)
+            + proto
+            + self.ledger.as_ref().map_or(0, arrival::Ledger::buffered)
     }
 }
 
@@ -562,11 +604,30 @@ pub struct Decoder {
     arrivals: arrival::Arrivals,
     tls_servers: TlsServers,
     gateway: gateway::Join,
+    /// The memory budget (bytes; 0: the default).
+    max_memory: usize,
+    /// What every connection held when last accounted.
+    held: usize,
 }
 
 impl Decoder {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// What all connections' parsing state may hold together
+    /// (default [`DEFAULT_MAX_MEMORY`]); over it, the decoder sheds.
+    pub fn with_max_memory(mut self, bytes: usize) -> Self {
+        self.max_memory = bytes;
+        self
+    }
+
+    fn budget(&self) -> usize {
+        if self.max_memory == 0 {
+            DEFAULT_MAX_MEMORY
+        } else {
+            self.max_memory
+        }
     }
 
     /// Marks requests carrying `m` in the own-traffic header as the agent's.
@@ -627,12 +688,38 @@ impl Decoder {
 
     pub fn on_event(&mut self, ev: &SocketEvent, records: &mut Vec<Finished>) {
         let from = records.len();
+        let touched = match ev {
+            SocketEvent::Open(o) => Some(((o.pid, o.fd), o.ts_ns)),
+            SocketEvent::Close(c) => Some(((c.pid, c.fd), c.ts_ns)),
+            SocketEvent::Data(d) => Some(((d.pid, d.fd), d.ts_ns)),
+            SocketEvent::Arrival(a) => self.arrivals.peek_route(a).map(|k| (k, a.ts_ns)),
+        };
+        let keys = touched.map(|(k, _)| [k, tls_key(k.0, k.1)]);
+        let before: usize = keys.map_or(0, |ks| {
+            ks.iter()
+                .filter_map(|k| self.conns.get(k))
+                .map(|c| c.held)
+                .sum()
+        });
         self.decode_event(ev, records);
-        let (key, ts_ns) = match ev {
-            SocketEvent::Open(o) => ((o.pid, o.fd), o.ts_ns),
-            SocketEvent::Close(c) => ((c.pid, c.fd), c.ts_ns),
-            SocketEvent::Data(d) => ((d.pid, d.fd), d.ts_ns),
-            SocketEvent::Arrival(_) => return,
+        if let (Some(ks), Some((_, ts))) = (keys, touched) {
+            let mut after = 0;
+            for k in ks {
+                if let Some(c) = self.conns.get_mut(&k) {
+                    c.held = c.cost();
+                    c.last_ns = ts;
+                    after += c.held;
+                }
+            }
+            self.held = (self.held + after).saturating_sub(before);
+            self.stats.held_bytes_peak = self.stats.held_bytes_peak.max(self.held as u64);
+        }
+        let (key, ts_ns) = match (ev, touched) {
+            (SocketEvent::Arrival(_), _) | (_, None) => {
+                self.shed_if_over(touched.map(|t| t.1), records);
+                return;
+            }
+            (_, Some(t)) => t,
         };
         let counts = &mut self.stats.gateway;
         self.gateway.pass(key, ts_ns, records, from, counts);
@@ -642,6 +729,16 @@ impl Decoder {
             _ => {}
         }
         self.gateway.expire(Some(ts_ns), records, counts);
+        self.shed_if_over(Some(ts_ns), records);
+    }
+
+    fn shed_if_over(&mut self, ts: Option<u64>, records: &mut Vec<Finished>) {
+        if let Some(ts) = ts {
+            if self.held > self.budget() {
+                self.shed(ts, records);
+            }
+        }
+        self.stats.held_bytes = self.held as u64;
     }
 
     /// Releases engine records that waited for their gateway's record
@@ -679,6 +776,8 @@ impl Decoder {
             arrivals,
             tls_servers,
             gateway: _,
+            max_memory: _,
+            held: _,
         } = self;
         let mut out = Out {
             stats,
@@ -812,6 +911,93 @@ impl Decoder {
                         plain.stamp_t1(&mut out.records[from..]);
                     }
                 }
+            }
+        }
+    }
+
+    /// Over the budget at `ts`: takes back what is least useful first
+    /// until what is held is under 7/8 of it — kept response bodies and
+    /// stream events being assembled (largest holders first), then idle
+    /// connections' unfinished heads and header blocks (longest idle
+    /// first: the connection is decoded again from its next request, as
+    /// one joined mid-way), then, longest idle first, connections with
+    /// requests in flight (ended as `truncated_capture`). Each counted in
+    /// `DecodeStats::shed`.
+    fn shed(&mut self, ts: u64, records: &mut Vec<Finished>) {
+        let target = self.budget() / 8 * SHED_TO_EIGHTHS;
+        let mut by_size: Vec<((u32, i32), usize)> =
+            self.conns.iter().map(|(k, c)| (*k, c.held)).collect();
+        by_size.sort_unstable_by_key(|(k, held)| (std::cmp::Reverse(*held), *k));
+        let mut idle: Vec<((u32, i32), u64)> =
+            self.conns.iter().map(|(k, c)| (*k, c.last_ns)).collect();
+        idle.sort_unstable_by_key(|(k, t)| (*t, *k));
+        let shed = &mut self.stats.shed;
+        for (k, _) in &by_size {
+            if self.held <= target {
+                break;
+            }
+            let Some(c) = self.conns.get_mut(k) else {
+                continue;
+            };
+            match &mut c.proto {
+                Proto::Http1(h) => {
+                    if let Some(why) = h.shed_body() {
+                        *shed.entry(why).or_default() += 1;
+                    }
+                }
+                Proto::Http2(h) => h.shed_bodies(&mut |why| *shed.entry(why).or_default() += 1),
+                _ => {}
+            }
+            let now = c.cost();
+            self.held = self.held.saturating_sub(c.held) + now;
+            c.held = now;
+        }
+        for in_flight in [false, true] {
+            for (k, _) in &idle {
+                if self.held <= target {
+                    return;
+                }
+                let Some(c) = self.conns.get_mut(k) else {
+                    continue;
+                };
+                let (partial, busy) = match &c.proto {
+                    Proto::Http1(h) => (h.holds_partial_head(), h.in_flight() > 0),
+                    Proto::Http2(h) => (h.holds_partial_head(), h.in_flight() > 0),
+                    Proto::Sniffing(s) => (!s.resp.is_empty(), false),
+                    Proto::Unsupported => (false, false),
+                };
+                if !in_flight && (busy || !partial) || c.held <= std::mem::size_of::<Conn>() {
+                    continue;
+                }
+                let reason = if in_flight {
+                    "in_flight"
+                } else {
+                    "partial_head"
+                };
+                *self.stats.shed.entry(reason).or_default() += 1;
+                let old = std::mem::replace(&mut c.proto, Proto::Sniffing(Sniff::new()));
+                c.joined = true;
+                // Its bytes from here are not counted against the ledger:
+                // arrival times would shift, so its requests are timed at
+                // the read.
+                c.ledger = None;
+                let mut out = Out {
+                    stats: &mut self.stats,
+                    next_seq: &mut self.next_seq,
+                    records,
+                    self_marker: self.self_marker.as_ref(),
+                    identity: &self.identity,
+                    tls_servers: &mut self.tls_servers,
+                };
+                let from = out.records.len();
+                old.end(End::Abandon(ts), &mut out);
+                let now = c.cost();
+                self.held = self.held.saturating_sub(c.held) + now;
+                c.held = now;
+                // Records it ended join their gateway's as any would.
+                let key = (k.0, k.1 & !(1 << 30));
+                self.gateway
+                    .pass(key, ts, records, from, &mut self.stats.gateway);
             }
         }
     }
@@ -1097,6 +1283,130 @@ mod tests {
             pid: 7,
             fd: 3,
         })
+    }
+
+    fn on(fd: i32, ev: SocketEvent) -> SocketEvent {
+        match ev {
+            SocketEvent::Open(mut o) => {
+                o.fd = fd;
+                o.peer = Some(format!("127.0.0.1:{}", 20000 + fd).parse().unwrap());
+                SocketEvent::Open(o)
+            }
+            SocketEvent::Data(mut d) => {
+                d.fd = fd;
+                SocketEvent::Data(d)
+            }
+            SocketEvent::Close(mut c) => {
+                c.fd = fd;
+                SocketEvent::Close(c)
+            }
+            e => e,
+        }
+    }
+
+    /// Hostile connections that each hold what the decoder must keep
+    /// (unfinished heads, big non-streamed answers) are shed once their
+    /// sum passes the budget; a legit streamed chat beside them is
+    /// recorded whole, and what is held never passes the budget by more
+    /// than one call's growth.
+    #[test]
+    fn the_memory_budget_sheds_hostile_holders_and_keeps_legit_requests_whole() {
+        let budget = 4 << 20;
+        let mut d = Decoder::new().with_max_memory(budget);
+        let mut out = Vec::new();
+        let big_head = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Pad: {}",
+            "a".repeat(60_000)
+        );
+        let chat = br#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+        let body_head = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000000\r\n\r\n{{\"model\":\"m\",\"messages\":[{{\"content\":\"{}",
+            "b".repeat(60_000)
+        );
+        let legit_fd = 5000;
+        d.on_event(&on(legit_fd, open(Role::Server)), &mut out);
+        let req = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nContent-Length: {}\r\n\r\n{}",
+            chat.len(),
+            std::str::from_utf8(chat).unwrap()
+        );
+        d.on_event(&on(legit_fd, data(1, Dir::In, req.as_bytes())), &mut out);
+        let mut most = 0u64;
+        for fd in 0..400 {
+            d.on_event(&on(fd, open(Role::Server)), &mut out);
+            let bytes = if fd % 2 == 0 {
+                big_head.as_bytes()
+            } else {
+                body_head.as_bytes()
+            };
+            d.on_event(&on(fd, data(2, Dir::In, bytes)), &mut out);
+            most = most.max(d.stats.held_bytes);
+        }
+        let sse = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n";
+        d.on_event(&on(legit_fd, data(3, Dir::Out, sse.as_bytes())), &mut out);
+        for i in 0..5u64 {
+            let ev = format!("data: {{\"choices\":[{{\"delta\":{{\"content\":\"t{i}\"}}}}]}}\n\n");
+            d.on_event(
+                &on(legit_fd, data(4 + i, Dir::Out, ev.as_bytes())),
+                &mut out,
+            );
+        }
+        let usage = "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":5}}\n\ndata: [DONE]\n\n";
+        d.on_event(
+            &on(legit_fd, data(10, Dir::Out, usage.as_bytes())),
+            &mut out,
+        );
+        d.on_event(&on(legit_fd, close(11)), &mut out);
+        assert!(
+            most <= budget as u64 + (128 << 10),
+            "held {most} of {budget}"
+        );
+        assert!(
+            d.stats.shed.get("partial_head").copied().unwrap_or(0) > 0,
+            "{:?}",
+            d.stats.shed
+        );
+        // Half of them held only a body they were uploading: nothing kept.
+        let legit: Vec<_> = out
+            .iter()
+            .filter(|f| f.record.output_tokens == Some(5))
+            .collect();
+        assert_eq!(
+            legit.len(),
+            1,
+            "{:?}",
+            out.iter().map(|f| &f.record).collect::<Vec<_>>()
+        );
+        let r = &legit[0].record;
+        assert_eq!(r.request_model.as_deref(), Some("m"));
+        assert_eq!(r.input_tokens, Some(9));
+        assert!(r.ttft_s.is_some() && r.error_type.is_none());
+        // A non-streamed answer larger than what is left is not read, but
+        // its request still gets its record with timing and status.
+        let mut d = Decoder::new().with_max_memory(1 << 20);
+        let mut out = Vec::new();
+        d.on_event(&open(Role::Server), &mut out);
+        d.on_event(&data(1, Dir::In, req.as_bytes()), &mut out);
+        let body = format!("{{\"choices\":[{{\"message\":{{\"content\":\"{}\"}}}}],\"usage\":{{\"completion_tokens\":3}}}}", "c".repeat(2 << 20));
+        let head = format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        d.on_event(&data(2, Dir::Out, head.as_bytes()), &mut out);
+        for (i, c) in body.as_bytes().chunks(64 << 10).enumerate() {
+            d.on_event(&data(3 + i as u64, Dir::Out, c), &mut out);
+        }
+        assert_eq!(out.len(), 1);
+        let r = &out[0].record;
+        assert_eq!(
+            (r.status, r.output_tokens, r.error_type),
+            (Some(200), None, None)
+        );
+        assert!(
+            d.stats.shed.get("response_body").copied().unwrap_or(0) >= 1,
+            "{:?}",
+            d.stats.shed
+        );
     }
 
     fn run(events: &[SocketEvent]) -> (Decoder, Vec<Finished>) {

@@ -42,6 +42,17 @@ impl LineBuffer {
         self.line.capacity()
     }
 
+    /// The memory budget wants the partial line back: it is dropped and
+    /// the rest of it skipped. Whether anything was held.
+    pub fn shed(&mut self) -> bool {
+        let held = self.line.capacity() > 0;
+        if !self.line.is_empty() {
+            self.skipping = true;
+        }
+        self.line = Vec::new();
+        held
+    }
+
     /// Calls `on_line` for every line completed by `input`. A line that
     /// arrives whole in one piece is passed without being copied.
     #[inline]
@@ -148,6 +159,8 @@ struct EventFields {
     event: String,
     /// Events whose data grew past `MAX_EVENT_BYTES`.
     oversized: u64,
+    /// The event being assembled was shed (memory budget): skip to its end.
+    lost: bool,
 }
 
 impl Sse {
@@ -161,6 +174,20 @@ impl Sse {
         self.lines.oversized + self.event.oversized
     }
 
+    /// The memory budget wants the partial line and event back: the event
+    /// being assembled is dropped (its remaining lines skipped up to the
+    /// blank line that ends it). Whether anything was held.
+    pub fn shed(&mut self) -> bool {
+        let line = self.lines.shed();
+        let ev = self.event.data.capacity() > 0;
+        if self.event.has_data || line {
+            self.event.lost = true;
+        }
+        self.event.data = Vec::new();
+        self.event.has_data = false;
+        line || ev
+    }
+
     pub fn feed(&mut self, input: &[u8], sink: &mut dyn FnMut(SseEvent<'_>)) {
         let Sse { lines, event } = self;
         lines.feed(input, &mut |line| event.line(line, sink));
@@ -169,6 +196,16 @@ impl Sse {
 
 impl EventFields {
     fn line(&mut self, line: &[u8], sink: &mut dyn FnMut(SseEvent<'_>)) {
+        if self.lost {
+            // The rest of an event the memory budget took.
+            if line.is_empty() {
+                self.lost = false;
+                self.data.clear();
+                self.has_data = false;
+                self.event.clear();
+            }
+            return;
+        }
         if line.is_empty() {
             if self.has_data {
                 let ev = if self.event.is_empty() {
@@ -236,6 +273,11 @@ impl Default for Ndjson {
 impl Ndjson {
     pub fn buffered(&self) -> usize {
         self.lines.buffered()
+    }
+
+    /// The memory budget wants the partial line back (see [`LineBuffer::shed`]).
+    pub fn shed(&mut self) -> bool {
+        self.lines.shed()
     }
 
     /// Lines dropped for size.

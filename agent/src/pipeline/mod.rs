@@ -96,6 +96,12 @@ impl Pipeline {
         self
     }
 
+    /// The decoder's memory budget (`--max-decode-memory`).
+    pub fn max_decode_memory(mut self, bytes: u64) -> Self {
+        self.decoder = std::mem::take(&mut self.decoder).with_max_memory(bytes as usize);
+        self
+    }
+
     /// Adds the GPU join (records of GPU engines wait for the next sample).
     pub fn gpu(mut self, stage: GpuStage) -> Self {
         self.gpu = Some(stage);

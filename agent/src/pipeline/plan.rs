@@ -163,6 +163,17 @@ pub struct RunFlags {
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     #[serde(deserialize_with = "checked::at_least_one")]
     pub max_tenants: usize,
+    /// Memory the decoder's connections may hold together: parsing
+    /// buffers (response bodies kept for reading, heads, header blocks,
+    /// stream events), HTTP/2 header tables, arrival ledgers and
+    /// per-connection state. Request bodies are read as they pass and
+    /// never kept. Over it the decoder sheds, least useful first (counted
+    /// in tokentap.decode.shed). Bytes, or with a KiB/MiB/GiB suffix; at
+    /// least 1MiB. The default leaves the base DaemonSet's 256 MiB limit
+    /// room for the ring buffer, maps and the agent itself.
+    #[arg(long, value_name = "BYTES", default_value = "64MiB", value_parser = byte_size)]
+    #[serde(deserialize_with = "checked::byte_size")]
+    pub max_decode_memory: u64,
     /// Key for `api_key_id` (HMAC-SHA256 of the request's API key; the key
     /// itself is never kept): the bytes of this file. Default: a random
     /// key made on first use in /var/lib/tokentap/api-key-salt (mode 0600);
@@ -256,6 +267,26 @@ pub fn secs_at_least_zero(s: &str) -> Result<f64, String> {
     secs_at_least(s, 0.0)
 }
 
+/// A size in bytes: a number, optionally with a `KiB`, `MiB` or `GiB`
+/// suffix; at least 1 MiB.
+pub fn byte_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (num, mult) = [("GiB", 1u64 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)]
+        .iter()
+        .find_map(|(suf, m)| t.strip_suffix(suf).map(|n| (n.trim(), *m)))
+        .unwrap_or((t, 1));
+    let n: u64 = num.parse().map_err(|_| {
+        format!("{s:?} is not a size (want bytes, or a number with KiB, MiB or GiB)")
+    })?;
+    let bytes = n
+        .checked_mul(mult)
+        .ok_or_else(|| format!("{s:?} is too large"))?;
+    if bytes < 1 << 20 {
+        return Err(format!("{s} is less than 1MiB"));
+    }
+    Ok(bytes)
+}
+
 /// `--ring-buffer-bytes`: a power of two, at least a page.
 fn ring_bytes(s: &str) -> Result<u32, String> {
     let n: u32 = s
@@ -329,6 +360,22 @@ mod checked {
             ))),
             None => Ok(v),
         }
+    }
+
+    /// A size as `--max-decode-memory` takes it: a number of bytes, or a
+    /// string with a suffix.
+    pub fn byte_size<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Size {
+            N(u64),
+            S(String),
+        }
+        match Size::deserialize(d)? {
+            Size::N(n) => super::byte_size(&n.to_string()),
+            Size::S(s) => super::byte_size(&s),
+        }
+        .map_err(D::Error::custom)
     }
 
     pub fn at_least_one<'de, D, T>(d: D) -> Result<T, D::Error>
@@ -495,6 +542,8 @@ pub struct RunPlan {
     pub log_all_requests: bool,
     /// `--max-tenants`: also the callers the timeline names one by one.
     pub max_tenants: usize,
+    /// `--max-decode-memory`, bytes.
+    pub max_decode_memory: u64,
     pub events_log: Option<PathBuf>,
     pub console: Option<ConsolePlan>,
     pub metrics: Option<MetricsConfig>,
@@ -708,6 +757,7 @@ pub fn resolve(f: &RunFlags, env: &dyn Env) -> Result<RunPlan> {
         requests_log: f.requests_log.clone(),
         log_all_requests: f.log_all_requests,
         max_tenants: f.max_tenants,
+        max_decode_memory: f.max_decode_memory,
         events_log: f.events_log.clone(),
         console,
         metrics,

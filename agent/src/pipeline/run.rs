@@ -95,6 +95,7 @@ pub async fn run(plan: RunPlan) -> Result<()> {
     }
     let mut pipe = Pipeline::new(health.clone())
         .identity(id)
+        .max_decode_memory(plan.max_decode_memory)
         .enricher(EngineName)
         .enricher(Container)
         .enricher(ModelVersion)

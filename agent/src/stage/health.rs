@@ -39,6 +39,10 @@ pub struct Health {
     pub protocol_counts: Mutex<Vec<(&'static str, &'static str, u64)>>,
     pub connections: AtomicI64,
     pub in_flight: AtomicI64,
+    /// Bytes the decoder's connections hold now, and the most they held
+    /// (against `--max-decode-memory`).
+    pub decode_memory: AtomicU64,
+    pub decode_memory_peak: AtomicU64,
     /// OTLP exports that failed (bumped by the metrics sink's exporter).
     pub export_failures: AtomicU64,
     /// Attribute values folded into `other` by a cardinality cap.
@@ -136,6 +140,9 @@ impl Health {
             .lock()
             .unwrap_or_else(|p| p.into_inner()) = counts;
         self.in_flight.store(in_flight as i64, Relaxed);
+        self.decode_memory.store(decode.held_bytes, Relaxed);
+        self.decode_memory_peak
+            .store(decode.held_bytes_peak, Relaxed);
     }
 
     pub fn snapshot(&self) -> HealthSnapshot {

@@ -107,7 +107,24 @@ impl Http1Conn {
             RespState::Head(h) => h.buffered(),
             RespState::Body { body, .. } => body.buffered(),
         };
-        req + resp
+        req + resp + self.queue.len() * std::mem::size_of::<Exchange>()
+    }
+
+    /// The memory budget's first cut: the response body kept for reading
+    /// (or the stream event being assembled) is let go. The reason, when
+    /// anything was held.
+    pub fn shed_body(&mut self) -> Option<&'static str> {
+        match &mut self.resp {
+            RespState::Body { body, .. } => body.shed(),
+            RespState::Head(_) => None,
+        }
+    }
+
+    /// Part of a request or response head is held (nothing else of a
+    /// connection grows with what its peer sends).
+    pub fn holds_partial_head(&self) -> bool {
+        matches!(&self.req, ReqState::Head(h) if h.buffered() > 0)
+            || matches!(&self.resp, RespState::Head(h) if h.buffered() > 0)
     }
 
     /// Requests waiting for (the end of) their response.

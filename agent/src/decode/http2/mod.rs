@@ -254,6 +254,28 @@ impl Http2Conn {
         self.req.buffered() + self.resp.buffered() + streams
     }
 
+    /// The memory budget's first cut: kept response bodies and stream
+    /// events being assembled are let go (see `Body::shed`). The reasons
+    /// counted, one per stream that held anything.
+    pub fn shed_bodies(&mut self, counted: &mut dyn FnMut(&'static str)) {
+        for s in self.streams.values_mut() {
+            if let Stream::Http(h) = s {
+                if let Some(why) = h.body.as_mut().and_then(Body::shed) {
+                    counted(why);
+                }
+                self.budget += h.held;
+                h.held = 0;
+            }
+        }
+    }
+
+    /// Part of a frame or header block is held.
+    pub fn holds_partial_head(&self) -> bool {
+        [&self.req, &self.resp]
+            .iter()
+            .any(|s| s.block.is_some() || s.frames.buffered() > 0)
+    }
+
     pub fn in_flight(&self) -> usize {
         let mut n = 0;
         self.each_in_flight(&mut |_| n += 1);

@@ -823,6 +823,21 @@ impl Metrics {
             "HTTP/2 connections dropped from decoding, by reason (malformed frames, HPACK errors, a header block that never ends, a gRPC length past 64 MiB, a reused stream id, too many streams); also counted in tokentap.decode.errors",
         );
         let _ = by_reason(
+            "tokentap.decode.shed",
+            "{cut}",
+            "shed",
+            "What the decoder's memory budget (--max-decode-memory) took back, by reason: response_body (a non-streamed body not read: its tokens unknown), stream_event (a stream event being assembled), partial_head (an idle connection's unfinished head or header block: decoded again from its next request), in_flight (a connection's requests ended as truncated_capture)",
+        );
+        {
+            let hm = health.clone();
+            let _ = meter
+                .u64_observable_gauge("tokentap.decode.memory")
+                .with_unit("By")
+                .with_description("Bytes the decoder's connections hold now (parsing buffers, header tables, per-connection state), against --max-decode-memory")
+                .with_callback(move |o| o.observe(hm.decode_memory.load(Ordering::Relaxed), &[]))
+                .build();
+        }
+        let _ = by_reason(
             "tokentap.decode.grpc.skipped",
             "{message}",
             "grpc_skipped",
