@@ -12,13 +12,7 @@ use crate::engines::Engine;
 
 /// The command line of `pid` with NULs as spaces.
 pub fn cmdline(proc_root: &Path, pid: u32) -> Option<String> {
-    let raw = fs::read(proc_root.join(format!("{pid}/cmdline"))).ok()?;
-    Some(
-        String::from_utf8_lossy(&raw)
-            .replace('\0', " ")
-            .trim()
-            .to_string(),
-    )
+    Some(procfs::proc_args(proc_root, pid)?.join(" "))
 }
 
 /// The engine `pid` runs, from its command line.

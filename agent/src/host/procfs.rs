@@ -261,6 +261,43 @@ fn tcp_table_if_readable(proc_root: &Path, pid: u32) -> Option<Vec<TcpEntry>> {
     Some(tcp_table(proc_root, pid))
 }
 
+/// Command-line bytes read at most (`/proc/PID/cmdline`; a longer one is
+/// cut there).
+pub const MAX_CMDLINE: u64 = 128 << 10;
+/// Environment bytes read at most (`/proc/PID/environ`).
+pub const MAX_ENVIRON: u64 = 256 << 10;
+
+/// `/proc/PID/{name}`, at most `max` bytes (a kernel file: never a FIFO).
+fn proc_file(proc_root: &Path, pid: u32, name: &str, max: u64) -> Option<Vec<u8>> {
+    use std::io::Read as _;
+    let mut buf = Vec::new();
+    fs::File::open(proc_root.join(pid.to_string()).join(name))
+        .ok()?
+        .take(max)
+        .read_to_end(&mut buf)
+        .ok()?;
+    Some(buf)
+}
+
+/// The arguments of process `pid` (`/proc/PID/cmdline`, at most
+/// [`MAX_CMDLINE`] bytes, split at NULs, empty ones dropped, lossy UTF-8):
+/// the one reader of command lines. None when the process is gone.
+pub fn proc_args(proc_root: &Path, pid: u32) -> Option<Vec<String>> {
+    let raw = proc_file(proc_root, pid, "cmdline", MAX_CMDLINE)?;
+    Some(
+        raw.split(|b| *b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect(),
+    )
+}
+
+/// The environment of process `pid` (`/proc/PID/environ`, at most
+/// [`MAX_ENVIRON`] bytes): `KEY=value` entries, NUL-separated.
+pub fn proc_environ(proc_root: &Path, pid: u32) -> Option<Vec<u8>> {
+    proc_file(proc_root, pid, "environ", MAX_ENVIRON)
+}
+
 /// The parent pid in the text of `/proc/PID/stat` (the field after the
 /// parenthesised comm, which may itself contain spaces and parentheses).
 pub fn parse_stat_ppid(stat: &str) -> Option<u32> {

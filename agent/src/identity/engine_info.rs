@@ -12,13 +12,13 @@
 use std::{
     collections::BTreeMap,
     fs,
-    io::Read as _,
     path::{Path, PathBuf},
 };
 
 use serde_json::Value;
 
 use crate::engines::Engine;
+use crate::host::{procfs, rootfs::Root};
 
 /// Longest version string kept.
 pub const MAX_VERSION_CHARS: usize = 64;
@@ -87,13 +87,11 @@ fn prefixes(proc_root: &Path, pid: u32) -> Vec<PathBuf> {
         }
     };
     let parent2 = |p: &Path| p.parent().and_then(Path::parent).map(Path::to_path_buf);
-    if let Ok(raw) = fs::read(dir.join("cmdline")) {
-        if let Some(a0) = raw.split(|b| *b == 0).next() {
-            let a0 = PathBuf::from(String::from_utf8_lossy(a0).into_owned());
-            if a0.is_absolute() {
-                if let Some(p) = parent2(&a0) {
-                    add(p);
-                }
+    if let Some(a0) = procfs::proc_args(proc_root, pid).and_then(|a| a.into_iter().next()) {
+        let a0 = PathBuf::from(a0);
+        if a0.is_absolute() {
+            if let Some(p) = parent2(&a0) {
+                add(p);
             }
         }
     }
@@ -102,7 +100,7 @@ fn prefixes(proc_root: &Path, pid: u32) -> Vec<PathBuf> {
             add(p);
         }
     }
-    if let Ok(env) = fs::read(dir.join("environ")) {
+    if let Some(env) = procfs::proc_environ(proc_root, pid) {
         for kv in env.split(|b| *b == 0) {
             if let Some(v) = kv.strip_prefix(b"VIRTUAL_ENV=") {
                 add(PathBuf::from(String::from_utf8_lossy(v).into_owned()));
@@ -115,30 +113,28 @@ fn prefixes(proc_root: &Path, pid: u32) -> Vec<PathBuf> {
 }
 
 /// The version of distribution `dist` installed where process `pid`'s
-/// Python finds it, read inside the process's root (`/proc/PID/root`).
+/// Python finds it, read inside the process's root (`/proc/PID/root`,
+/// through `host::rootfs`: paths resolve in the container, a FIFO or
+/// device where METADATA should be is refused unopened).
 pub fn from_dist_info(proc_root: &Path, pid: u32, dist: &str) -> Option<String> {
-    let root = proc_root.join(pid.to_string()).join("root");
+    let root = Root::of(proc_root, pid).ok()?;
     let want = normalised(dist);
     for prefix in prefixes(proc_root, pid) {
-        let lib = root
-            .join(prefix.strip_prefix("/").unwrap_or(&prefix))
-            .join("lib");
-        let Ok(pys) = fs::read_dir(&lib) else {
+        let lib = prefix.join("lib");
+        let Ok(pys) = root.list(&lib, MAX_DIR_ENTRIES) else {
             continue;
         };
         let mut sites: Vec<PathBuf> = pys
-            .flatten()
-            .take(MAX_DIR_ENTRIES)
-            .filter(|e| e.file_name().to_string_lossy().starts_with("python3"))
-            .flat_map(|e| ["site-packages", "dist-packages"].map(|s| e.path().join(s)))
+            .iter()
+            .filter(|n| n.starts_with("python3"))
+            .flat_map(|n| ["site-packages", "dist-packages"].map(|s| lib.join(n).join(s)))
             .collect();
         sites.sort();
         for site in sites {
-            let Ok(entries) = fs::read_dir(&site) else {
+            let Ok(entries) = root.list(&site, MAX_DIR_ENTRIES) else {
                 continue;
             };
-            for e in entries.flatten().take(MAX_DIR_ENTRIES) {
-                let name = e.file_name().to_string_lossy().into_owned();
+            for name in entries {
                 // NAME-VERSION.dist-info (NAME without `-` in wheels).
                 let named = name
                     .strip_suffix(".dist-info")
@@ -147,7 +143,7 @@ pub fn from_dist_info(proc_root: &Path, pid: u32, dist: &str) -> Option<String> 
                 if !named {
                     continue;
                 }
-                if let Some(v) = metadata_version(&e.path().join("METADATA")) {
+                if let Some(v) = metadata_version(&root, &site.join(&name).join("METADATA")) {
                     return Some(v);
                 }
             }
@@ -157,13 +153,9 @@ pub fn from_dist_info(proc_root: &Path, pid: u32, dist: &str) -> Option<String> 
 }
 
 /// `Version:` of a METADATA file (its head).
-fn metadata_version(path: &Path) -> Option<String> {
-    let mut head = String::new();
-    fs::File::open(path)
-        .ok()?
-        .take(METADATA_HEAD)
-        .read_to_string(&mut head)
-        .ok()?;
+fn metadata_version(root: &Root, path: &Path) -> Option<String> {
+    let (head, _) = root.read_head(path, METADATA_HEAD).ok()?;
+    let head = String::from_utf8_lossy(&head);
     head.lines()
         .take_while(|l| !l.is_empty())
         .find_map(|l| l.strip_prefix("Version:"))

@@ -24,19 +24,15 @@
 //! request, or put anything per process into the fingerprint.
 
 use std::{
-    ffi::CString,
-    fs::{self, File},
-    io::{self, Read as _},
-    os::{
-        fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
-        unix::{ffi::OsStrExt as _, fs::MetadataExt as _},
-    },
+    fs,
+    os::unix::fs::MetadataExt as _,
     path::{Path, PathBuf},
 };
 
 use sha2::{Digest as _, Sha256};
 
 use crate::engines::Engine;
+use crate::host::{procfs, rootfs::Root};
 
 /// The engine's environment variable that sets the version verbatim.
 pub const OVERRIDE_ENV: &str = "TOKENTAP_MODEL_VERSION";
@@ -204,12 +200,7 @@ fn put(h: &mut Sha256, tag: &str, bytes: &[u8]) {
 /// The model process `pid` (running `engine`) serves, as its command line
 /// names it: the first served name, else the first model path or hub id.
 pub fn served_model(proc_root: &Path, pid: u32, engine: Engine) -> Option<String> {
-    let raw = fs::read(proc_root.join(pid.to_string()).join("cmdline")).ok()?;
-    let args: Vec<String> = raw
-        .split(|&b| b == 0)
-        .filter(|a| !a.is_empty())
-        .map(|a| String::from_utf8_lossy(a).into_owned())
-        .collect();
+    let args = crate::host::procfs::proc_args(proc_root, pid)?;
     let s = served_from_args(engine, &args);
     s.names
         .into_iter()
@@ -282,21 +273,13 @@ pub fn override_in_environ(environ: &[u8]) -> Option<String> {
 /// environment sets no override, or the process is gone.
 pub fn of_process(proc_root: &Path, pid: u32, engine: Option<Engine>) -> Option<String> {
     let dir = proc_root.join(pid.to_string());
-    if let Some(v) = fs::read(dir.join("environ"))
-        .ok()
-        .and_then(|e| override_in_environ(&e))
-    {
+    if let Some(v) = procfs::proc_environ(proc_root, pid).and_then(|e| override_in_environ(&e)) {
         return Some(v);
     }
     let engine = engine?;
-    let raw = fs::read(dir.join("cmdline")).ok()?;
-    let args: Vec<String> = raw
-        .split(|&b| b == 0)
-        .filter(|a| !a.is_empty())
-        .map(|a| String::from_utf8_lossy(a).into_owned())
-        .collect();
+    let args = procfs::proc_args(proc_root, pid)?;
     let served = served_from_args(engine, &args);
-    let root = Root::open(&dir.join("root"));
+    let root = Root::of(proc_root, pid).ok();
     let cwd = fs::read_link(dir.join("cwd")).ok();
     let mut budget = Budget(READ_BUDGET_BYTES);
     let models: Vec<ModelPath> = served
@@ -312,7 +295,7 @@ pub fn of_process(proc_root: &Path, pid: u32, engine: Option<Engine>) -> Option<
                     } else {
                         cwd.as_ref()?.join(p)
                     };
-                    r.identify(&in_root, &mut budget)
+                    identify(r, &in_root, &mut budget)
                 })
                 .unwrap_or(ModelFiles::Unresolved),
         })
@@ -324,13 +307,17 @@ pub fn of_process(proc_root: &Path, pid: u32, engine: Option<Engine>) -> Option<
 struct Budget(u64);
 
 impl Budget {
-    /// Up to `max` bytes from `f` (fewer when the budget is short), and
-    /// their SHA-256.
-    fn hash_head(&mut self, f: &mut File, max: u64) -> io::Result<[u8; 32]> {
-        let mut buf = Vec::new();
-        f.take(max.min(self.0)).read_to_end(&mut buf)?;
+    /// The SHA-256 of up to `max` bytes of `path` (fewer when the budget
+    /// is short), and the file's metadata.
+    fn hash_head(
+        &mut self,
+        root: &Root,
+        path: &Path,
+        max: u64,
+    ) -> Option<([u8; 32], fs::Metadata)> {
+        let (buf, m) = root.read_head(path, max.min(self.0)).ok()?;
         self.0 -= buf.len() as u64;
-        Ok(Sha256::digest(&buf).into())
+        Some((Sha256::digest(&buf).into(), m))
     }
 }
 
@@ -338,142 +325,54 @@ fn mtime_ns(m: &fs::Metadata) -> i128 {
     m.mtime() as i128 * 1_000_000_000 + m.mtime_nsec() as i128
 }
 
-/// The engine's root directory (`/proc/PID/root`): paths are opened inside
-/// it with `openat2(RESOLVE_IN_ROOT)`, so an absolute symlink in the
-/// engine's filesystem resolves there, not in the agent's.
-struct Root {
-    fd: OwnedFd,
-    path: PathBuf,
-}
-
-/// `struct open_how` (linux/openat2.h); libc's is `non_exhaustive`.
-#[repr(C)]
-struct OpenHow {
-    flags: u64,
-    mode: u64,
-    resolve: u64,
-}
-
-impl Root {
-    fn open(path: &Path) -> Option<Root> {
-        let c = CString::new(path.as_os_str().as_bytes()).ok()?;
-        // SAFETY: a valid NUL-terminated path; the fd is owned below.
-        let fd = unsafe {
-            libc::open(
-                c.as_ptr(),
-                libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
-            )
-        };
-        if fd < 0 {
-            return None;
-        }
-        Some(Root {
-            // SAFETY: a fresh fd nobody else owns.
-            fd: unsafe { OwnedFd::from_raw_fd(fd) },
-            path: path.to_path_buf(),
-        })
+/// What `in_root` (a path as the engine sees it) names in the engine's
+/// root, reading at most what `budget` allows. None when it does not
+/// resolve, or is neither a file nor a directory (a FIFO, a device:
+/// refused by `host::rootfs` without being opened).
+fn identify(root: &Root, in_root: &Path, budget: &mut Budget) -> Option<ModelFiles> {
+    let m = root.stat(in_root).ok()?;
+    if m.is_file() {
+        let (sha, m) = budget.hash_head(root, in_root, READ_BUDGET_BYTES)?;
+        return Some(ModelFiles::File {
+            size_bytes: m.len(),
+            mtime_ns: mtime_ns(&m),
+            head_sha256: sha,
+        });
     }
-
-    /// Opens `in_root` (a path as the engine sees it) with `flags`.
-    fn open_in(&self, in_root: &Path, flags: i32) -> io::Result<File> {
-        let c = CString::new(in_root.as_os_str().as_bytes())
-            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-        // openat2 refuses flags O_PATH does not take (O_NOCTTY among them).
-        let flags = if flags & libc::O_PATH != 0 {
-            flags | libc::O_CLOEXEC
-        } else {
-            flags | libc::O_CLOEXEC | libc::O_NOCTTY
-        };
-        let how = OpenHow {
-            flags: flags as u64,
-            mode: 0,
-            resolve: libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS,
-        };
-        // SAFETY: valid fd, path and open_how of the size passed.
-        let fd = unsafe {
-            libc::syscall(
-                libc::SYS_openat2,
-                self.fd.as_raw_fd(),
-                c.as_ptr(),
-                &how as *const OpenHow,
-                std::mem::size_of::<OpenHow>(),
-            )
-        };
-        if fd >= 0 {
-            // SAFETY: a fresh fd nobody else owns.
-            return Ok(unsafe { File::from_raw_fd(fd as i32) });
+    if !m.is_dir() {
+        return None;
+    }
+    let mut configs = Vec::new();
+    for name in CONFIG_FILES {
+        let path = in_root.join(name);
+        let Ok(cm) = root.stat(&path) else { continue };
+        if !cm.is_file() {
+            continue;
         }
-        let e = io::Error::last_os_error();
-        match e.raw_os_error() {
-            // No openat2 (old kernel, seccomp): a plain path under the root.
-            Some(libc::ENOSYS) | Some(libc::EPERM) => {
-                use std::os::unix::fs::OpenOptionsExt as _;
-                let rel = in_root.strip_prefix("/").unwrap_or(in_root);
-                fs::OpenOptions::new()
-                    .read(true)
-                    .custom_flags(flags & !libc::O_ACCMODE)
-                    .open(self.path.join(rel))
-            }
-            _ => Err(e),
+        if let Some((sha, cm)) = budget.hash_head(root, &path, cm.len()) {
+            configs.push((name.to_string(), cm.len(), sha));
         }
     }
-
-    /// What `in_root` names, reading at most what `budget` allows. None
-    /// when it does not resolve (or is neither a file nor a directory).
-    fn identify(&self, in_root: &Path, budget: &mut Budget) -> Option<ModelFiles> {
-        // O_NONBLOCK: a FIFO at the model path must not block the agent.
-        let mut f = self
-            .open_in(in_root, libc::O_RDONLY | libc::O_NONBLOCK)
-            .ok()?;
-        let m = f.metadata().ok()?;
-        if m.is_file() {
-            return Some(ModelFiles::File {
-                size_bytes: m.len(),
-                mtime_ns: mtime_ns(&m),
-                head_sha256: budget.hash_head(&mut f, READ_BUDGET_BYTES).ok()?,
-            });
-        }
-        if !m.is_dir() {
-            return None;
-        }
-        let mut configs = Vec::new();
-        for name in CONFIG_FILES {
-            let Ok(mut c) = self.open_in(&in_root.join(name), libc::O_RDONLY | libc::O_NONBLOCK)
-            else {
-                continue;
-            };
-            let Ok(cm) = c.metadata() else { continue };
-            if !cm.is_file() {
-                continue;
-            }
-            if let Ok(sha) = budget.hash_head(&mut c, cm.len()) {
-                configs.push((name.to_string(), cm.len(), sha));
-            }
-        }
-        // The directory's entries, through the fd already open on it.
-        let listing = fs::read_dir(format!("/proc/self/fd/{}", f.as_raw_fd())).ok()?;
-        let mut names: Vec<String> = listing
-            .take(MAX_DIR_ENTRIES)
-            .flatten()
-            .filter_map(|e| e.file_name().to_str().map(str::to_string))
-            .filter(|n| WEIGHT_SUFFIXES.iter().any(|s| n.ends_with(s)))
-            .collect();
-        names.sort();
-        names.truncate(MAX_WEIGHT_FILES);
-        let weights = names
-            .into_iter()
-            .filter_map(|name| {
-                let w = self.open_in(&in_root.join(&name), libc::O_PATH).ok()?;
-                let wm = w.metadata().ok()?;
-                wm.is_file().then(|| WeightFile {
-                    name,
-                    size_bytes: wm.len(),
-                    mtime_ns: mtime_ns(&wm),
-                })
+    let mut names: Vec<String> = root
+        .list(in_root, MAX_DIR_ENTRIES)
+        .ok()?
+        .into_iter()
+        .filter(|n| WEIGHT_SUFFIXES.iter().any(|s| n.ends_with(s)))
+        .collect();
+    names.sort();
+    names.truncate(MAX_WEIGHT_FILES);
+    let weights = names
+        .into_iter()
+        .filter_map(|name| {
+            let wm = root.stat(&in_root.join(&name)).ok()?;
+            wm.is_file().then(|| WeightFile {
+                name,
+                size_bytes: wm.len(),
+                mtime_ns: mtime_ns(&wm),
             })
-            .collect();
-        Some(ModelFiles::Dir { configs, weights })
-    }
+        })
+        .collect();
+    Some(ModelFiles::Dir { configs, weights })
 }
 
 #[cfg(test)]
@@ -683,7 +582,7 @@ mod tests {
 
     fn set_mtime(p: &Path, secs: i64) {
         let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs as u64);
-        File::options()
+        fs::File::options()
             .write(true)
             .open(p)
             .unwrap()
@@ -843,13 +742,13 @@ mod tests {
     #[test]
     fn at_most_the_budget_is_read_per_process() {
         let mut b = Budget(10);
-        let tmp = tempfile::NamedTempFile::new().unwrap();
-        fs::write(tmp.path(), vec![1u8; 100]).unwrap();
-        let mut f = File::open(tmp.path()).unwrap();
-        let h = b.hash_head(&mut f, 1000).unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        fs::write(tmp.path().join("w"), vec![1u8; 100]).unwrap();
+        let root = Root::at(tmp.path()).unwrap();
+        let (h, _) = b.hash_head(&root, Path::new("/w"), 1000).unwrap();
         assert_eq!(h, <[u8; 32]>::from(Sha256::digest([1u8; 10])));
         assert_eq!(b.0, 0);
-        let h0 = b.hash_head(&mut f, 1000).unwrap();
+        let (h0, _) = b.hash_head(&root, Path::new("/w"), 1000).unwrap();
         assert_eq!(h0, <[u8; 32]>::from(Sha256::digest([])));
     }
 }

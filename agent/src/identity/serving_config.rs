@@ -23,7 +23,7 @@
 //! Owns: the normalisation and the version. Must not: keep a secret's value
 //! anywhere, even briefly in a map.
 
-use std::{collections::BTreeMap, fs, path::Path};
+use std::{collections::BTreeMap, path::Path};
 
 use sha2::{Digest as _, Sha256};
 
@@ -224,12 +224,7 @@ pub fn version_of(params: &BTreeMap<String, String>) -> String {
 /// (`/proc/PID/cmdline`); `None` for an unknown engine or process.
 pub fn of_process(proc_root: &Path, pid: u32, engine: Option<Engine>) -> Option<ServingConfig> {
     let engine = engine?;
-    let raw = fs::read(proc_root.join(pid.to_string()).join("cmdline")).ok()?;
-    let args: Vec<String> = raw
-        .split(|b| *b == 0)
-        .filter(|a| !a.is_empty())
-        .map(|a| String::from_utf8_lossy(a).into_owned())
-        .collect();
+    let args = crate::host::procfs::proc_args(proc_root, pid)?;
     Some(ServingConfig::new(params_from_args(engine, &args)))
 }
 

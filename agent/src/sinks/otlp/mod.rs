@@ -574,9 +574,11 @@ fn host_uts_name() -> Option<String> {
     .ok()
     .flatten();
     entered.or_else(|| {
-        std::fs::read_to_string(format!("/proc/{pid}/root/etc/hostname"))
+        crate::host::rootfs::Root::of(std::path::Path::new("/proc"), pid)
+            .ok()?
+            .read(std::path::Path::new("/etc/hostname"), 4096)
             .ok()
-            .map(|s| s.trim().to_string())
+            .map(|s| String::from_utf8_lossy(&s).trim().to_string())
             .filter(|n| !n.is_empty())
     })
 }
@@ -822,6 +824,16 @@ impl Metrics {
             "dropped",
             "HTTP/2 connections dropped from decoding, by reason (malformed frames, HPACK errors, a header block that never ends, a gRPC length past 64 MiB, a reused stream id, too many streams); also counted in tokentap.decode.errors",
         );
+        let _ = meter
+            .u64_observable_counter("tokentap.files.refused")
+            .with_unit("{file}")
+            .with_description("Engines' files (under /proc/PID/root) not read, by reason: not_regular (a FIFO, socket or device where a file was expected: never opened), oversized, no_openat2 (paths cannot be resolved inside the container: nothing read)")
+            .with_callback(|o| {
+                for (r, n) in crate::host::rootfs::refused() {
+                    o.observe(n, &[KeyValue::new("reason", r)]);
+                }
+            })
+            .build();
         let _ = by_reason(
             "tokentap.decode.shed",
             "{cut}",
