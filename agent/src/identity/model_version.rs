@@ -344,12 +344,8 @@ fn identify(root: &Root, in_root: &Path, budget: &mut Budget) -> Option<ModelFil
     }
     let mut configs = Vec::new();
     for name in CONFIG_FILES {
-        let path = in_root.join(name);
-        let Ok(cm) = root.stat(&path) else { continue };
-        if !cm.is_file() {
-            continue;
-        }
-        if let Some((sha, cm)) = budget.hash_head(root, &path, cm.len()) {
+        // A FIFO or device here is refused unopened (and counted).
+        if let Some((sha, cm)) = budget.hash_head(root, &in_root.join(name), u64::MAX) {
             configs.push((name.to_string(), cm.len(), sha));
         }
     }

@@ -8,14 +8,19 @@
 //!
 //! Owns: when to look again, what to print about it. Must not: block the
 //! data path for long (a scan reads /proc; it runs at most once per tick,
-//! and a full scan at most every [`RESCAN`] while targets are alive).
+//! and a full scan at most every [`RESCAN`] while targets are alive), or
+//! read an engine's files on it: they are read by the facts reader's
+//! thread (`FactsReader`, through `host::rootfs`), waited for at most
+//! [`FACTS_WAIT`].
 //!
 //! [`EngineName`]: super::enrich::EngineName
 //! [`ModelVersion`]: super::enrich::ModelVersion
 
 use std::{
-    collections::{HashSet, VecDeque},
+    cell::RefCell,
+    collections::{HashMap, HashSet, VecDeque},
     path::{Path, PathBuf},
+    sync::mpsc,
     time::{Duration, Instant},
 };
 
@@ -56,6 +61,129 @@ enum Version {
     Inherit(u32),
 }
 
+/// How long naming a process waits for its facts (model version, engine
+/// version, serving configuration) from the facts reader's thread: they
+/// usually take a few milliseconds, and a record enriched before they
+/// came would lack them. A slow or hung filesystem costs the pipeline at
+/// most this, once per process — and nothing once the reader has been
+/// busy for [`FACTS_STUCK`] (the facts land when they come).
+const FACTS_WAIT: Duration = Duration::from_millis(200);
+const FACTS_STUCK: Duration = Duration::from_secs(1);
+
+/// What is read once per process from its files and command line.
+#[derive(Default)]
+struct Facts {
+    model_version: Option<String>,
+    model: Option<String>,
+    engine_version: Option<String>,
+    serving_config: Option<crate::identity::serving_config::ServingConfig>,
+}
+
+impl Facts {
+    fn read(proc_root: &Path, pid: u32, engine: Option<Engine>) -> Facts {
+        Facts {
+            model_version: model_version::of_process(proc_root, pid, engine),
+            model: engine.and_then(|e| model_version::served_model(proc_root, pid, e)),
+            // The installed package's version until the engine's own info
+            // endpoint says (`enginemetrics::info`).
+            engine_version: engine
+                .and_then(|e| e.spec().dist)
+                .and_then(|d| engine_info::from_dist_info(proc_root, pid, d)),
+            serving_config: serving_config::of_process(proc_root, pid, engine),
+        }
+    }
+}
+
+/// The engines' files are read on a thread of their own (through
+/// `host::rootfs`), never on the pipeline's: a FIFO is refused unopened,
+/// and a hung filesystem stalls only this thread.
+struct FactsReader {
+    jobs: mpsc::Sender<(u32, u64, Option<Engine>)>,
+    done: mpsc::Receiver<(u32, u64, Facts)>,
+    next: u64,
+    /// The latest job per process (older answers are dropped).
+    wanted: HashMap<u32, u64>,
+    /// When the oldest unanswered job was sent.
+    busy_since: Option<Instant>,
+}
+
+impl FactsReader {
+    fn spawn(proc_root: PathBuf) -> Self {
+        let (jobs, rx) = mpsc::channel::<(u32, u64, Option<Engine>)>();
+        let (tx, done) = mpsc::channel();
+        let spawned = std::thread::Builder::new()
+            .name("tokentap-facts".into())
+            .spawn(move || {
+                while let Ok((pid, n, engine)) = rx.recv() {
+                    if tx
+                        .send((pid, n, Facts::read(&proc_root, pid, engine)))
+                        .is_err()
+                    {
+                        break;
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            eprintln!("tokentap: cannot start the facts reader thread ({e}): model and engine versions unknown");
+        }
+        FactsReader {
+            jobs,
+            done,
+            next: 0,
+            wanted: HashMap::new(),
+            busy_since: None,
+        }
+    }
+
+    fn pending(&self, pid: u32) -> bool {
+        self.wanted.contains_key(&pid)
+    }
+
+    /// Asks for `pid`'s facts and waits for them at most [`FACTS_WAIT`].
+    fn read(&mut self, pid: u32, engine: Option<Engine>, node: &mut NodeState) {
+        self.next += 1;
+        if self.jobs.send((pid, self.next, engine)).is_err() {
+            return;
+        }
+        self.wanted.insert(pid, self.next);
+        let now = Instant::now();
+        let busy = *self.busy_since.get_or_insert(now);
+        if now.duration_since(busy) > FACTS_STUCK {
+            return;
+        }
+        let until = now + FACTS_WAIT;
+        while self.pending(pid) {
+            let left = until.saturating_duration_since(Instant::now());
+            match self.done.recv_timeout(left) {
+                Ok(got) => self.apply(got, node),
+                Err(_) => break,
+            }
+        }
+    }
+
+    /// Facts that came since.
+    fn drain(&mut self, node: &mut NodeState) {
+        while let Ok(got) = self.done.try_recv() {
+            self.apply(got, node);
+        }
+    }
+
+    fn apply(&mut self, (pid, n, f): (u32, u64, Facts), node: &mut NodeState) {
+        if self.wanted.get(&pid) != Some(&n) {
+            return;
+        }
+        self.wanted.remove(&pid);
+        self.busy_since = (!self.wanted.is_empty()).then(Instant::now);
+        // What the engine's info endpoint said already stands.
+        if let Some(p) = node.processes.get_mut(&pid) {
+            p.model_version = p.model_version.take().or(f.model_version);
+            p.model = p.model.take().or(f.model);
+            p.engine_version = p.engine_version.take().or(f.engine_version);
+            p.serving_config = p.serving_config.take().or(f.serving_config);
+        }
+    }
+}
+
 /// The TCP ports `pid` listens on, in its own network namespace.
 fn listening(proc_root: &Path, pid: u32) -> HashSet<u16> {
     let owned = procfs::socket_fds(proc_root, pid);
@@ -80,13 +208,13 @@ pub struct Targeter {
     watch: VecDeque<(u32, Instant)>,
     /// Exec events arrive (the kernel side reports them).
     exec_seen: bool,
+    facts: RefCell<FactsReader>,
 }
 
 impl Targeter {
     pub fn new(targeting: Targeting, proc_root: PathBuf) -> Self {
         Self {
             targeting,
-            proc_root,
             last_scan: None,
             started: Instant::now(),
             waiting: false,
@@ -94,6 +222,8 @@ impl Targeter {
             alive: HashSet::new(),
             watch: VecDeque::new(),
             exec_seen: false,
+            facts: RefCell::new(FactsReader::spawn(proc_root.clone())),
+            proc_root,
         }
     }
 
@@ -172,23 +302,17 @@ impl Targeter {
                 ..ProcessInfo::default()
             })
         };
+        let mut reader = self.facts.borrow_mut();
         let facts = match version {
             Version::Keep => known(pid),
-            Version::Inherit(parent) => known(parent),
-            Version::Compute => None,
-        }
-        .unwrap_or_else(|| ProcessInfo {
-            model_version: model_version::of_process(&self.proc_root, pid, engine),
-            model: engine.and_then(|e| model_version::served_model(&self.proc_root, pid, e)),
-            // The installed package's version until the engine's own info
-            // endpoint says (`enginemetrics::info`).
-            engine_version: engine
-                .and_then(|e| e.spec().dist)
-                .and_then(|d| engine_info::from_dist_info(&self.proc_root, pid, d)),
-            serving_config: serving_config::of_process(&self.proc_root, pid, engine),
-            info_settled: false,
-            ..ProcessInfo::default()
-        });
+            // A parent whose facts are still being read: the child's own.
+            Version::Inherit(parent) if !reader.pending(parent) => known(parent),
+            _ => None,
+        };
+        // An exec'd process is read again (a newer job supersedes an older).
+        let compute =
+            facts.is_none() && (matches!(version, Version::Compute) || !reader.pending(pid));
+        let facts = facts.unwrap_or_default();
         node.processes.insert(
             pid,
             ProcessInfo {
@@ -203,6 +327,9 @@ impl Targeter {
                 ..facts
             },
         );
+        if compute {
+            reader.read(pid, engine, node);
+        }
         engine
     }
 
@@ -382,6 +509,7 @@ impl Task for Targeter {
         let Some(cap) = cx.capture.as_deref_mut() else {
             return Ok(());
         };
+        self.facts.borrow_mut().drain(cx.node);
         let before = self.alive.clone();
         self.on_proc_events(cx.proc_events, cap, cx.node);
         self.check_watched(cap, cx.node, cx.events)?;
