@@ -412,7 +412,7 @@ fn a_response_without_a_request_yields_nothing() {
 }
 
 #[test]
-fn a_truncated_request_body_still_yields_a_record_without_a_model() {
+fn a_truncated_request_body_still_yields_a_record_with_what_its_head_said() {
     let body = format!(
         r#"{{"model":"m","messages":[{{"role":"user","content":"{}"}}]}}"#,
         "x".repeat(300_000)
@@ -443,7 +443,8 @@ fn a_truncated_request_body_still_yields_a_record_without_a_model() {
         &mut out,
     );
     assert_eq!(out.len(), 1);
-    assert_eq!(out[0].request_model, None);
+    // The model came before the cut; the prompt's length did not finish.
+    assert_eq!(out[0].request_model.as_deref(), Some("m"));
     assert_eq!(out[0].input_tokens, Some(75000));
     assert_eq!(out[0].error_type, None);
     assert_eq!(d.stats.truncated_calls, 1);

@@ -169,8 +169,15 @@ impl Http1Conn {
             }
         }
         // Anything still pending was cut off by the traced process itself
-        // (a client going away shows up earlier, as EOF or a failed write).
-        self.fail_all(ts, ErrorType::UpstreamReset, out);
+        // (a client going away shows up earlier, as EOF or a failed write)
+        // — unless its stream's end marker was written: a server that sees
+        // its client hang up after `[DONE]` may close without the framing's
+        // last chunk (llama-server over TLS does), and the answer was whole.
+        while let Some(x) = self.queue.pop_front() {
+            let end = x.last_response_byte_ns.unwrap_or(ts);
+            let err = (!x.stream_ended()).then_some(ErrorType::UpstreamReset);
+            out.emit(x.finish(end, err));
+        }
     }
 
     /// The fd was reused without a close event.
