@@ -82,7 +82,7 @@ fn fifos_among_an_engines_files_are_refused_and_nothing_stalls() {
 
     let rt = tokio::runtime::Runtime::new().unwrap();
     let (metrics, rport) = otlp::start_receiver(&rt, 0);
-    let ns = Netns::create("tfi", 77);
+    let ns = Netns::create("tfi", 78);
     let ports = [free_port(), free_port(), free_port()];
     let log = dir.join("requests.jsonl");
     let mut cmd = Command::new(tokentap_bin());
