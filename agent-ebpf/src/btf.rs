@@ -111,22 +111,23 @@ pub(crate) fn data_exit(regs: *const u64, sc: Syscall, ret: impl FnOnce() -> i64
         return 0;
     }
     let fd = reg(regs, DI) as i32;
-    if unsafe { CONNS.get(&conn_key(tgid, fd)) }.is_none() {
+    let Some(conn) = CONNS.get_ptr_mut(&conn_key(tgid, fd)) else {
         return 0;
-    }
+    };
     let p = Pending {
         ptr: reg(regs, SI),
         len: reg(regs, DX),
         fd,
         syscall: sc as u8,
         armed: 0,
-        _pad: [0; 2],
+        server: 0,
+        _pad: [0; 1],
     };
     if crate::tls::in_ssl_call(id, fd, &p, r) {
         crate::tls::cipher_read(id, &p, r);
         return 0;
     }
-    emit(id, &p, r);
+    emit(id, &p, r, conn);
     crate::tls::learn_cipher_in(id, &p, r);
     0
 }

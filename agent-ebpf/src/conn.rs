@@ -35,7 +35,7 @@ fn save(fd: u64, addr: u64, sc: Syscall) -> u32 {
     if !targeted((id >> 32) as u32) {
         return 0;
     }
-    arm(id, addr, 0, fd as i32, sc as u8);
+    arm(id, addr, 0, fd as i32, sc as u8, 0);
     0
 }
 
@@ -84,7 +84,7 @@ fn track(id: u64, fd: i32, listen_fd: i32, addr_ptr: u64, role: u8, sc: u8) {
             }
         }
     }
-    let st = ConnState { role, _pad: [0; 7] };
+    let st = ConnState::new(role);
     if CONNS.insert(&conn_key(h.tgid, fd), &st, 0).is_err() {
         rare(stat::CONNS_FULL);
         return;

@@ -8,10 +8,11 @@
 //! `CHUNK_BYTES`, walking iovecs with a bounded loop.
 
 use agent_ebpf::{
-    conn_key, stat, Direction, RecordKind, Syscall, CHUNK_BYTES, DEFAULT_MAX_CALL_BYTES,
-    HEADER_BYTES, MAX_IOV, MAX_RECORDS_PER_CALL,
+    conn_key, stat, ConnState, Direction, RecordKind, Syscall, CHUNK_BYTES, DEFAULT_MAX_CALL_BYTES,
+    HEADER_BYTES, MAX_IOV, MAX_RECORDS_PER_CALL, ROLE_SERVER,
 };
 use aya_ebpf::{
+    bindings::BPF_RB_AVAIL_DATA,
     helpers::{
         bpf_get_current_pid_tgid, bpf_ktime_get_ns,
         generated::{bpf_loop, bpf_probe_read_user},
@@ -22,7 +23,7 @@ use aya_ebpf::{
 
 use crate::{
     ctx::{arg, bump, rare, ret, send},
-    maps::{arm, disarm, Pending, CONFIG, CONNS, SCRATCH, TARGETS},
+    maps::{arm, disarm, Pending, CONFIG, CONNS, EVENTS, SCRATCH, TARGETS},
 };
 
 pub(crate) const EAGAIN: i64 = 11;
@@ -59,10 +60,12 @@ fn enter(fd: u64, ptr: u64, len: u64, sc: Syscall) -> u32 {
         return 0;
     }
     let fd = fd as i32;
-    if unsafe { CONNS.get(&conn_key(tgid, fd)) }.is_none() {
-        return 0;
-    }
-    arm(id, ptr, len, fd, sc as u8);
+    // SAFETY: as above.
+    let server = match unsafe { CONNS.get(&conn_key(tgid, fd)) } {
+        Some(c) => (c.role == ROLE_SERVER) as u8,
+        None => return 0,
+    };
+    arm(id, ptr, len, fd, sc as u8, server);
     0
 }
 
@@ -83,7 +86,17 @@ fn exit(ctx: &TracePointContext) -> u32 {
         crate::tls::cipher_read(id, &p, r);
         return 0;
     }
-    emit(id, &p, r);
+    // A server connection's request count (`gate`): its state, looked up
+    // again here (the enter's lookup cannot be kept across the syscall).
+    let conn = if p.server != 0 {
+        match CONNS.get_ptr_mut(&conn_key((id >> 32) as u32, p.fd)) {
+            Some(c) => c,
+            None => core::ptr::null_mut(),
+        }
+    } else {
+        core::ptr::null_mut()
+    };
+    emit(id, &p, r, conn);
     crate::tls::learn_cipher_in(id, &p, r);
     0
 }
@@ -97,15 +110,23 @@ fn exit(ctx: &TracePointContext) -> u32 {
 /// cost more than the saved copy: writer CPU +370 vs +200 ns per traced
 /// call, medians of 8 alternating runs).
 #[inline(always)]
-pub(crate) fn emit(id: u64, p: &Pending, r: i64) {
+///
+/// `conn` is the call's connection state when the caller has it (null:
+/// no request count is kept, nothing is held back — TLS plaintext).
+pub(crate) fn emit(id: u64, p: &Pending, r: i64, conn: *mut ConnState) {
     let s = match SCRATCH.get_ptr_mut(0) {
         // SAFETY: per-CPU scratch, this program is its only user on this CPU.
         Some(s) => unsafe { &mut *s },
         None => return,
     };
-    let limit = match CONFIG.get(0) {
-        Some(c) => c.max_call_bytes as u64,
-        None => DEFAULT_MAX_CALL_BYTES as u64,
+    let (limit, epoch, head, ring_high) = match CONFIG.get(0) {
+        Some(c) => (
+            c.max_call_bytes as u64,
+            c.shed_epoch,
+            c.head_bytes,
+            c.ring_high,
+        ),
+        None => (DEFAULT_MAX_CALL_BYTES as u64, 0, u32::MAX, u32::MAX),
     };
     header(s, id, p, r);
     if r <= 0 {
@@ -118,8 +139,84 @@ pub(crate) fn emit(id: u64, p: &Pending, r: i64) {
         remaining = limit;
         bump(stat::CALLS_TRUNCATED);
     }
+    if !conn.is_null() {
+        // SAFETY: the connection's map value (CONNS), written in place;
+        // two threads of one process on one fd may race on its counts,
+        // which only moves where a request's head ends.
+        let c = unsafe { &mut *conn };
+        let room = gate(s, c, r, epoch, head, ring_high);
+        if room < remaining {
+            bump(stat::BODIES_LEFT);
+            remaining = room;
+        }
+        if remaining == 0 {
+            // Held back whole: no record now (counted in `held`).
+            return;
+        }
+    }
     s.hdr.total_len = remaining as u32;
     emit_payload(s, p, remaining);
+}
+
+/// A server connection's request count, and how many of this call's
+/// bytes to copy. Reads add to the count, writes end it (the response
+/// began). The first `head` bytes of a request are always copied (its
+/// line, headers and the start of its body). A read beyond them, while
+/// there is pressure — userspace says so (`epoch` ≠ 0: its decoder is
+/// over budget), or the ring buffer holds more than `ring_high` unread
+/// bytes (asked only here, on such reads: the query reads the reader's
+/// cache line) — sends no record: its length goes to `held`, reported as
+/// one bytes-less read just before the connection's next recorded call
+/// (its response, or a read once the pressure is over). So one client's
+/// upload neither fills the ring buffer for everyone nor costs a record
+/// per read, and userspace still knows the body's length.
+#[inline(always)]
+fn gate(
+    s: &mut crate::maps::Scratch,
+    c: &mut ConnState,
+    r: i64,
+    epoch: u32,
+    head: u32,
+    ring_high: u32,
+) -> u64 {
+    let all = r as u64;
+    if c.role != ROLE_SERVER {
+        return all;
+    }
+    let mut room = all;
+    if s.hdr.dir == Direction::In as u8 {
+        let before = c.in_run;
+        let n = if r > u32::MAX as i64 {
+            u32::MAX
+        } else {
+            r as u32
+        };
+        c.in_run = before.saturating_add(n);
+        let left = head.saturating_sub(before) as u64;
+        if left < all && (epoch != 0 || EVENTS.query(BPF_RB_AVAIL_DATA as u64) > ring_high as u64) {
+            room = left;
+        }
+    } else {
+        c.in_run = 0;
+    }
+    if room == 0 {
+        c.held = c.held.saturating_add(all);
+        return 0;
+    }
+    if c.held != 0 {
+        // What was held back, as one read of that many bytes, first.
+        let (ret, dir, sc) = (s.hdr.ret, s.hdr.dir, s.hdr.syscall);
+        s.hdr.ret = c.held as i64;
+        s.hdr.dir = Direction::In as u8;
+        s.hdr.syscall = Syscall::Read as u8;
+        s.hdr.total_len = 0;
+        output(s, 0);
+        c.held = 0;
+        s.hdr.ret = ret;
+        s.hdr.dir = dir;
+        s.hdr.syscall = sc;
+    }
+    room
 }
 
 /// A record of one call without its bytes (`total_len` 0): when and how

@@ -15,7 +15,7 @@
 /// Bumped whenever a layout below changes. The kernel object carries it in
 /// its [`ABI_SECTION`] ELF section; the agent compares the two before
 /// loading and refuses a mismatch.
-pub const ABI_VERSION: u32 = 10;
+pub const ABI_VERSION: u32 = 11;
 
 /// ELF section of the kernel object holding [`ABI_VERSION`] as a
 /// little-endian u32.
@@ -309,8 +309,24 @@ pub struct Config {
     /// how full it is (a read of the reader's cache line), costs the traced
     /// process about a microsecond per call on the machines we measured.
     pub wakeup_every: u32,
-    pub _pad: u32,
+    /// Pressure from userspace (the agent's decoder over its memory
+    /// budget, or the ring buffer found filling): 0 when there is none,
+    /// else the episode's number. See [`Config::head_bytes`].
+    pub shed_epoch: u32,
+    /// Request bytes of a server connection always captured since its
+    /// last write (a request's line, headers and the start of its body,
+    /// where model and stream flag are). Beyond them, a read's bytes stay
+    /// in the kernel while there is pressure — `shed_epoch` ≠ 0, or more
+    /// than [`Config::ring_high`] bytes unread in the ring buffer, which
+    /// the kernel checks itself on those reads only — and its length is
+    /// reported instead (`ConnState::held`).
+    pub head_bytes: u32,
+    /// Unread ring-buffer bytes above which a large request body's bytes
+    /// stay in the kernel (a quarter of the ring by default).
+    pub ring_high: u32,
 }
+/// [`Config::head_bytes`] by default: 16 KiB.
+pub const DEFAULT_HEAD_BYTES: u32 = 16 * 1024;
 
 impl Default for Config {
     fn default() -> Self {
@@ -318,7 +334,9 @@ impl Default for Config {
             max_call_bytes: DEFAULT_MAX_CALL_BYTES,
             abi_version: ABI_VERSION,
             wakeup_every: 64,
-            _pad: 0,
+            shed_epoch: 0,
+            head_bytes: DEFAULT_HEAD_BYTES,
+            ring_high: 4 << 20,
         }
     }
 }
@@ -328,7 +346,28 @@ impl Default for Config {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ConnState {
     pub role: u8,
-    pub _pad: [u8; 7],
+    pub _pad: [u8; 3],
+    /// Bytes read on this connection since its last write (the request
+    /// being read), counted on server connections.
+    pub in_run: u32,
+    /// Request bytes read under pressure beyond the head and not reported
+    /// yet: no record was sent for those reads. The connection's next
+    /// recorded call (its response's first write, or a read once pressure
+    /// is over) is preceded by one bytes-less read record of this length,
+    /// so userspace keeps the request's framing.
+    pub held: u64,
+}
+
+impl ConnState {
+    /// A connection's state before any call on it.
+    pub const fn new(role: u8) -> Self {
+        Self {
+            role,
+            _pad: [0; 3],
+            in_run: 0,
+            held: 0,
+        }
+    }
 }
 
 /// `CLONE_THREAD`: the new task shares its parent's thread group.
@@ -376,7 +415,11 @@ pub mod stat {
     /// Memory BIOs tied to their socket by content (`BIO_write` of bytes a
     /// socket read returned).
     pub const TLS_BIOS_LINKED: u32 = 10;
-    pub const COUNT: u32 = 11;
+    /// Reads of a request beyond its head left in the kernel under
+    /// pressure, in whole or in part (their length reported, their bytes
+    /// not copied).
+    pub const BODIES_LEFT: u32 = 11;
+    pub const COUNT: u32 = 12;
 }
 
 #[cfg(feature = "user")]

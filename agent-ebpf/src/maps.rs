@@ -76,12 +76,15 @@ pub struct Pending {
     pub syscall: u8,
     /// 1 between enter and exit.
     pub armed: u8,
-    pub _pad: [u8; 2],
+    /// A server connection (`ROLE_SERVER`): the exit keeps its request
+    /// count (`ConnState`, data.rs `gate`).
+    pub server: u8,
+    pub _pad: [u8; 1],
 }
 
 /// Save `p` for this thread's syscall exit.
 #[inline(always)]
-pub fn arm(id: u64, ptr: u64, len: u64, fd: i32, syscall: u8) {
+pub fn arm(id: u64, ptr: u64, len: u64, fd: i32, syscall: u8, server: u8) {
     if let Some(slot) = ACTIVE.get_ptr_mut(&id) {
         // SAFETY: map value owned by this thread's key; written in place.
         let slot = unsafe { &mut *slot };
@@ -90,6 +93,7 @@ pub fn arm(id: u64, ptr: u64, len: u64, fd: i32, syscall: u8) {
         slot.fd = fd;
         slot.syscall = syscall;
         slot.armed = 1;
+        slot.server = server;
         return;
     }
     let p = Pending {
@@ -98,7 +102,8 @@ pub fn arm(id: u64, ptr: u64, len: u64, fd: i32, syscall: u8) {
         fd,
         syscall,
         armed: 1,
-        _pad: [0; 2],
+        server,
+        _pad: [0; 1],
     };
     let _ = ACTIVE.insert(&id, &p, 0);
 }

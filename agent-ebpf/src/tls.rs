@@ -246,10 +246,11 @@ fn emit_write(id: u64, buf: u64, num: u64, fd: i32, sc: Syscall) {
         fd,
         syscall: sc as u8,
         armed: 0,
-        _pad: [0; 2],
+        server: 0,
+        _pad: [0; 1],
     };
     bump(stat::TLS_CALLS);
-    emit(id, &p, num as i64);
+    emit(id, &p, num as i64, core::ptr::null_mut());
 }
 
 #[uprobe]
@@ -386,10 +387,11 @@ pub fn ssl_ret(ctx: RetProbeContext) -> u32 {
         fd,
         syscall: call.syscall,
         armed: 0,
-        _pad: [0; 2],
+        server: 0,
+        _pad: [0; 1],
     };
     bump(stat::TLS_CALLS);
-    emit(id, &p, n);
+    emit(id, &p, n, core::ptr::null_mut());
     0
 }
 

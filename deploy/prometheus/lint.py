@@ -82,6 +82,8 @@ INSTRUMENTS: dict[str, tuple[str, str]] = {
     # agent/src/sinks/otlp/mod.rs: the agent's health
     "tokentap.capture.events": ("counter", "{event}"),
     "tokentap.capture.dropped": ("counter", "{record}"),
+    "tokentap.capture.bodies_left": ("counter", "{call}"),
+    "tokentap.capture.pressure": ("counter", "{episode}"),
     "tokentap.decode.errors": ("counter", "{error}"),
     "tokentap.decode.unsupported_protocol": ("counter", "{connection}"),
     "tokentap.decode.joined_mid_stream": ("counter", "{connection}"),

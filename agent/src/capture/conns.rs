@@ -190,14 +190,11 @@ impl State {
             if !self.selected(role, Some(e.local), Some(e.peer)) {
                 continue;
             }
-            let st = ConnState {
-                role: if role == Role::Server {
-                    ROLE_SERVER
-                } else {
-                    ROLE_CLIENT
-                },
-                _pad: [0; 7],
-            };
+            let st = ConnState::new(if role == Role::Server {
+                ROLE_SERVER
+            } else {
+                ROLE_CLIENT
+            });
             // NOEXIST: the kernel may have seen this connection already.
             if self
                 .conns

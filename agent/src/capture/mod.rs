@@ -189,8 +189,64 @@ pub struct CaptureStats {
     /// Reports of rare conditions the kernel programs sent (aya-log; the
     /// texts are in the agent's log, `tokentap::kernel`).
     pub kernel_reports: u64,
+    /// Reads of a request beyond its head whose bytes the kernel left
+    /// uncopied, in whole or in part, under pressure (the ring buffer a
+    /// quarter full, or the decoder over budget): their length is known.
+    pub bodies_left: u64,
+    /// Times the decoder's memory budget put the capture under pressure
+    /// (the ring buffer's fill the kernel judges itself, per read).
+    pub pressure_episodes: u64,
     /// The TLS source (`tokentap.tls.*`).
     pub tls: tls::TlsCounts,
+}
+
+/// Pressure from userspace on the kernel's request gate (agent-ebpf
+/// `data.rs`, `gate`): the decoder over its memory budget. It begins
+/// when the decoder says so and ends once the decoder has been back under
+/// its budget for a second (so it does not flap). The kernel watches the
+/// ring buffer's fill itself, on the reads it could leave unread. Each
+/// episode has a number (`Config::shed_epoch`, never 0).
+#[derive(Debug, Default)]
+struct Pressure {
+    decode: bool,
+    /// The episode on now (0: none) and the last one's number.
+    on: u32,
+    last: u32,
+    last_push: Option<std::time::Instant>,
+    episodes: u64,
+}
+
+/// How long pressure outlasts its cause.
+const PRESSURE_HOLD: std::time::Duration = std::time::Duration::from_secs(1);
+
+impl Pressure {
+    /// The episode number the kernel should see now (0: no pressure).
+    fn next(&mut self, now: std::time::Instant) -> u32 {
+        if self.decode {
+            self.last_push = Some(now);
+        }
+        let held = self
+            .last_push
+            .is_some_and(|t| now.duration_since(t) < PRESSURE_HOLD);
+        match (self.decode || (self.on != 0 && held), self.on != 0) {
+            (true, false) => {
+                self.last = self.last % u32::MAX.saturating_sub(1) + 1;
+                self.on = self.last;
+                self.episodes += 1;
+                if self.episodes == 1 {
+                    eprintln!(
+                        "tokentap: the decoder is over --max-decode-memory: request bytes beyond \
+                         a request's first {} KiB stay in the kernel until it is not (their length \
+                         counted, their input tokens estimated); counted in tokentap.capture.bodies_left",
+                        agent_ebpf::DEFAULT_HEAD_BYTES / 1024
+                    );
+                }
+            }
+            (false, true) => self.on = 0,
+            _ => {}
+        }
+        self.on
+    }
 }
 
 /// Records per CPU between forced reader wake-ups: `cap`, or fewer so
@@ -386,7 +442,10 @@ pub struct Capture {
     /// The kernel programs' reports (aya-log), read with each drain.
     kernel_log: aya_log::EbpfLogger<kernel_log::KernelLog>,
     kernel_reports: Arc<AtomicU64>,
-    _config: Array<MapData, Config>,
+    config: Array<MapData, Config>,
+    /// What `config` holds now.
+    cfg: Config,
+    pressure: Pressure,
     ebpf: Ebpf,
     tls: tls::TlsSource,
     tls_scanned: std::time::Instant,
@@ -464,16 +523,14 @@ impl Capture {
         let mut ebpf = programs::load_object(opts.ring_bytes, opts.max_conns)?;
         let mut config: Array<MapData, Config> =
             Array::try_from(ebpf.take_map("CONFIG").context("CONFIG map missing")?)?;
-        config.set(
-            0,
-            Config {
-                max_call_bytes: max_call,
-                abi_version: ABI_VERSION,
-                wakeup_every: wakeup_every(opts.ring_bytes, wakeup_cap(opts)),
-                _pad: 0,
-            },
-            0,
-        )?;
+        let cfg = Config {
+            max_call_bytes: max_call,
+            abi_version: ABI_VERSION,
+            wakeup_every: wakeup_every(opts.ring_bytes, wakeup_cap(opts)),
+            ring_high: opts.ring_bytes / 4,
+            ..Config::default()
+        };
+        config.set(0, cfg, 0)?;
         let hooks = if opts.reference() {
             DataHooks::Tracepoint
         } else {
@@ -565,7 +622,9 @@ impl Capture {
             data_hooks,
             kernel_log,
             kernel_reports,
-            _config: config,
+            config,
+            cfg,
+            pressure: Pressure::default(),
             ebpf,
             tls: tls::TlsSource::new(opts.tls),
             tls_scanned: std::time::Instant::now(),
@@ -665,6 +724,7 @@ impl Capture {
                 self.tls.scan(&mut self.ebpf, &self.st.proc_root, pid);
             }
         }
+        self.update_pressure();
         match tokio::time::timeout(POLL_INTERVAL, self.ring.readable_mut()).await {
             Ok(guard) => {
                 let mut guard = guard?;
@@ -678,6 +738,27 @@ impl Capture {
             }
         }
         Ok(())
+    }
+
+    /// The decoder is over its memory budget (`on`) or back under it: then
+    /// large request bodies stay in the kernel ([`Pressure`]).
+    pub fn set_decode_pressure(&mut self, on: bool) {
+        if self.pressure.decode != on {
+            self.pressure.decode = on;
+            self.update_pressure();
+        }
+    }
+
+    /// Tells the kernel's request gate whether the decoder is under
+    /// pressure (only when it changes: a map update).
+    fn update_pressure(&mut self) {
+        let epoch = self.pressure.next(std::time::Instant::now());
+        if epoch != self.cfg.shed_epoch {
+            self.cfg.shed_epoch = epoch;
+            if let Err(e) = self.config.set(0, self.cfg, 0) {
+                eprintln!("tokentap: cannot update the capture's pressure mode: {e}");
+            }
+        }
     }
 
     /// Converts whatever is in the ring buffer now, without waiting
@@ -747,6 +828,8 @@ impl Capture {
             targets_in_kernel: st.kernel_target_count(),
             proc_events_dropped: st.proc_events_dropped,
             kernel_reports: self.kernel_reports.load(Ordering::Relaxed),
+            bodies_left: sum(stat::BODIES_LEFT),
+            pressure_episodes: self.pressure.episodes,
             tls: tls::TlsCounts {
                 source: self.tls.stats(),
                 calls: sum(stat::TLS_CALLS),
@@ -759,7 +842,25 @@ impl Capture {
 
 #[cfg(test)]
 mod tests {
-    use super::{wakeup_every, REFERENCE_WAKEUP_CAP, WAKEUP_CAP};
+    use super::{wakeup_every, Pressure, REFERENCE_WAKEUP_CAP, WAKEUP_CAP};
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn decoder_pressure_outlasts_its_cause_by_a_second_and_numbers_its_episodes() {
+        let mut p = Pressure::default();
+        let t = Instant::now();
+        assert_eq!(p.next(t), 0, "calm");
+        p.decode = true;
+        let e1 = p.next(t);
+        assert_ne!(e1, 0);
+        p.decode = false;
+        assert_eq!(p.next(t + Duration::from_millis(500)), e1, "held a second");
+        assert_eq!(p.next(t + Duration::from_millis(1500)), 0);
+        p.decode = true;
+        let e2 = p.next(t + Duration::from_secs(2));
+        assert!(e2 != 0 && e2 != e1, "a new episode, a new number");
+        assert_eq!(p.episodes, 2);
+    }
 
     #[test]
     fn wakeup_interval_is_a_power_of_two_that_fits_small_rings() {

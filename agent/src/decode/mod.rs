@@ -630,6 +630,12 @@ impl Decoder {
         }
     }
 
+    /// What is held has reached the budget: the capture should leave
+    /// request bodies in the kernel until it has not.
+    pub fn over_budget(&self) -> bool {
+        self.held >= self.budget() / 8 * SHED_TO_EIGHTHS
+    }
+
     /// Marks requests carrying `m` in the own-traffic header as the agent's.
     pub fn with_self_marker(mut self, m: Marker) -> Self {
         self.self_marker = Some(m);

@@ -137,8 +137,12 @@ pub struct RequestScan {
     slot: usize,
     /// The document is not JSON (as far as it was seen).
     broken: bool,
-    /// Bytes were lost (the capture cut the body): the prompt is not known.
+    /// Bytes were lost (the capture cut the body): the prompt is then
+    /// estimated, not counted. Body bytes seen when the first loss came,
+    /// and bytes lost in all.
     gap: bool,
+    gap_at: u64,
+    lost: u64,
     bytes: u64,
     hash: BodyHash,
 }
@@ -208,6 +212,8 @@ impl RequestScan {
             slot: 0,
             broken: false,
             gap: false,
+            gap_at: 0,
+            lost: 0,
             bytes: 0,
             hash: BodyHash::new(),
         }
@@ -236,10 +242,18 @@ impl RequestScan {
             + self.stack.capacity() * std::mem::size_of::<Frame>()
     }
 
-    /// `n` body bytes were lost: what came before still says model and
-    /// flags, the prompt's size is no longer known.
-    pub fn gap(&mut self) {
-        self.gap = true;
+    /// `n` body bytes were lost (the capture cut the call, or left it in
+    /// the kernel under pressure): what came before still says model and
+    /// flags; the prompt's size becomes an estimate — the prompt text
+    /// read before the loss, plus every byte after it, lost or read
+    /// unparsed (in a body too large to capture whole, the prompt is what
+    /// makes it large).
+    pub fn gap(&mut self, n: u64) {
+        if !self.gap {
+            self.gap = true;
+            self.gap_at = self.bytes;
+        }
+        self.lost = self.lost.saturating_add(n);
         self.st = St::Invalid;
     }
 
@@ -265,11 +279,16 @@ impl RequestScan {
         if self.broken || (!whole && !self.gap) {
             return (RequestInfo::default(), fp);
         }
-        let prompt: u64 = self.prompt.iter().sum();
+        let mut prompt: u64 = self.prompt.iter().sum();
+        if self.gap {
+            prompt = prompt
+                .saturating_add(self.bytes - self.gap_at)
+                .saturating_add(self.lost);
+        }
         let info = RequestInfo {
             model: self.model,
             stream: self.stream,
-            prompt_chars: (whole && prompt > 0).then_some(prompt),
+            prompt_chars: (prompt > 0).then_some(prompt),
             user: self.user,
             tools_offered: self.tools.iter().any(|t| *t),
             json_fields: self
@@ -844,15 +863,17 @@ mod tests {
     }
 
     #[test]
-    fn a_body_the_capture_cut_keeps_what_its_head_said_and_no_prompt_size() {
+    fn a_body_the_capture_cut_keeps_what_its_head_said_and_estimates_the_prompt_from_its_length() {
         let mut s = RequestScan::new(&[]);
         s.feed(br#"{"model":"m","stream":true,"messages":[{"content":"abc"#);
-        s.gap();
+        s.gap(1000);
         s.feed(br#"def"}]}"#);
+        s.gap(10);
         let (info, fp) = s.finish();
         assert_eq!(info.model.as_deref(), Some("m"));
         assert_eq!(info.stream, Some(true));
-        assert_eq!(info.prompt_chars, None);
+        // "abc" read, 1,010 bytes lost, 7 read after the loss unparsed.
+        assert_eq!(info.prompt_chars, Some(3 + 1010 + 7));
         assert!(fp.is_some());
         // Unfinished without a gap (the body said it was whole): nothing.
         let mut s = RequestScan::new(&[]);

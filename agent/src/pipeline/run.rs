@@ -223,6 +223,9 @@ pub async fn run(plan: RunPlan) -> Result<()> {
     loop {
         health.beat();
         pipe.events(&mut batch)?;
+        if let Some(cap) = src.live_mut() {
+            cap.set_decode_pressure(pipe.decoder().over_budget());
+        }
         tokio::select! {
             res = src.next_batch(&mut batch) => {
                 res?;

@@ -20,6 +20,10 @@ pub struct Health {
     pub events: AtomicU64,
     /// Kernel records dropped (ring buffer full).
     pub dropped: AtomicU64,
+    /// Request reads left in the kernel under pressure, and the pressure
+    /// episodes (`CaptureStats::bodies_left`, `pressure_episodes`).
+    pub bodies_left: AtomicU64,
+    pub pressure_episodes: AtomicU64,
     /// Connections whose bytes stopped making sense as HTTP.
     pub decode_errors: AtomicU64,
     /// Connections speaking a protocol the decoder does not follow (TLS, a
@@ -119,6 +123,8 @@ impl Health {
             Some(st) => {
                 self.events.store(st.events, Relaxed);
                 self.dropped.store(st.records_dropped, Relaxed);
+                self.bodies_left.store(st.bodies_left, Relaxed);
+                self.pressure_episodes.store(st.pressure_episodes, Relaxed);
                 self.connections.store(st.conns_active as i64, Relaxed);
                 *self.tls_source.lock().unwrap_or_else(|p| p.into_inner()) = st.tls.clone();
             }

@@ -368,7 +368,7 @@ impl Http1Conn {
             } if missing <= *left => {
                 *left -= missing;
                 *complete = false; // the body JSON is incomplete
-                scan.gap();
+                scan.gap(missing);
                 if *left == 0 {
                     self.request_done();
                 }
@@ -381,7 +381,7 @@ impl Http1Conn {
                 ..
             } => {
                 *complete = false;
-                scan.gap();
+                scan.gap(missing);
                 if c.skip(missing) {
                     Ok(())
                 } else {

@@ -694,6 +694,18 @@ impl Metrics {
             |h| h.dropped.load(Ordering::Relaxed),
         );
         let _ = obs_u64(
+            "tokentap.capture.bodies_left",
+            "{call}",
+            "Reads of a request beyond its first 16 KiB left in the kernel while the capture was under pressure (the ring buffer filling or the decoder over --max-decode-memory): their length counted, their bytes not copied, the request's input tokens estimated",
+            |h| h.bodies_left.load(Ordering::Relaxed),
+        );
+        let _ = obs_u64(
+            "tokentap.capture.pressure",
+            "{episode}",
+            "Times the capture went under pressure (ring buffer a quarter full, or the decoder over its memory budget)",
+            |h| h.pressure_episodes.load(Ordering::Relaxed),
+        );
+        let _ = obs_u64(
             "tokentap.decode.errors",
             "{error}",
             "Connections whose bytes stopped being HTTP",
