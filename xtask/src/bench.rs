@@ -20,19 +20,20 @@ use crate::util::root;
 pub fn run(which: &str, secs: f64, rounds: usize) -> Result<()> {
     let parts: &[&str] = match which {
         "all" => &[
-            "decode", "gpu", "capture", "conns", "engine", "tls", "traces",
+            "decode", "gpu", "capture", "conns", "hostile", "engine", "tls", "traces",
         ],
         "gpu" => &["gpu"],
         "capture" => &["capture"],
         "decode" => &["decode"],
         "conns" => &["conns"],
+        "hostile" => &["hostile"],
         "engine" => &["engine"],
         "tls" => &["tls"],
         "traces" => &["traces"],
         "soak" => &["soak"],
         other => {
             bail!(
-                "unknown bench {other:?}; available: all, capture, decode, gpu, conns, engine, tls, traces, soak"
+                "unknown bench {other:?}; available: all, capture, decode, gpu, conns, hostile, engine, tls, traces, soak"
             )
         }
     };
@@ -55,6 +56,7 @@ pub fn run(which: &str, secs: f64, rounds: usize) -> Result<()> {
             "capture" => capture(secs, rounds)?,
             "gpu" => gpu()?,
             "conns" => conns(10_000)?,
+            "hostile" => hostile(&[100, 1000, 5000])?,
             "soak" => crate::soak::soak(secs)?,
             "tls" => tls(rounds)?,
             "traces" => crate::tracebench::traces(secs, rounds)?,
@@ -1055,6 +1057,101 @@ fn conns(n: usize) -> Result<Vec<Row>> {
         format!("{:.2} KiB per connection", (after - before) / opened.max(1) as f64),
         "–",
     )])
+}
+
+/// The agent's memory under held uploads: for each count, that many
+/// connections each holding 900 KB of a chat body declared as 1 MB
+/// (benchpeer `uploads`), the agent on the server with its defaults
+/// (`--max-decode-memory` 64 MiB, a 16 MiB ring). Its peak RSS, what its
+/// decoder held at most, what it shed and what the kernel left unread
+/// (from its shutdown line).
+fn hostile(counts: &[usize]) -> Result<Vec<Row>> {
+    let mut rows = Vec::new();
+    for &n in counts {
+        let mut child = Command::new(bin("benchpeer"))
+            .args(["uploads", &n.to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .context("starting benchpeer uploads")?;
+        let mut stdin = child.stdin.take().context("stdin")?;
+        let rx = lines(child.stdout.take().context("stdout")?);
+        let peer = Spawned { child, rx };
+        let pid: u32 = wait_ready(&peer.rx, "benchpeer uploads")?
+            .strip_prefix("ready ")
+            .and_then(|p| p.parse().ok())
+            .context("benchpeer ready line")?;
+        let agent = spawn_tokentap(
+            &[
+                "run".into(),
+                "--pid".into(),
+                pid.to_string(),
+                "--no-console".into(),
+                "--no-gpu".into(),
+            ],
+            None,
+        )?;
+        std::thread::sleep(Duration::from_millis(500));
+        let before = proc_rss_kib(agent.child.id()).0;
+        writeln!(stdin, "go")?;
+        stdin.flush()?;
+        let line = peer
+            .rx
+            .recv_timeout(Duration::from_secs(600))
+            .context("benchpeer uploads gave no result")?;
+        let done: Value = serde_json::from_str(&line)?;
+        let opened = done["conns"].as_u64().unwrap_or(0);
+        let gb = done["bytes"].as_u64().unwrap_or(0) as f64 / 1e9;
+        std::thread::sleep(Duration::from_secs(3));
+        let (_, peak) = proc_rss_kib(agent.child.id());
+        // SAFETY: a plain signal to our own child.
+        unsafe { libc::kill(agent.child.id() as i32, libc::SIGINT) };
+        let summary = shutdown_line(&agent.rx);
+        drop(agent);
+        drop(stdin);
+        drop(peer);
+        let stats = |key: &str| -> Value {
+            summary
+                .split_once(&format!("; {key} "))
+                .and_then(|(_, rest)| {
+                    let j = rest.split("; ").next().unwrap_or(rest);
+                    serde_json::from_str(j).ok()
+                })
+                .unwrap_or(Value::Null)
+        };
+        let (cap, dec) = (stats("capture"), stats("decode"));
+        let shed: u64 = dec["shed"]
+            .as_object()
+            .map_or(0, |m| m.values().filter_map(Value::as_u64).sum());
+        rows.push(row(
+            format!("agent peak RSS with {opened} connections each holding 900 KB of a declared 1 MB chat body ({gb:.1} GB sent)"),
+            format!("RSS {:.1} MiB (0 connections)", before / 1024.0),
+            format!(
+                "peak {:.1} MiB; decoder held ≤ {:.1} MiB, shed {shed}; kernel left {} reads unread, dropped {}",
+                peak / 1024.0,
+                dec["held_bytes_peak"].as_f64().unwrap_or(0.0) / 1048576.0,
+                cap["bodies_left"].as_u64().unwrap_or(0),
+                cap["records_dropped"].as_u64().unwrap_or(0),
+            ),
+            format!("{:.1} KiB per connection", (peak - before).max(0.0) / opened.max(1) as f64),
+            "< 200 MiB peak (the base DaemonSet's limit is 256 MiB)",
+        ));
+    }
+    Ok(rows)
+}
+
+/// The agent's shutdown line (`… requests recorded …; capture {…}; decode {…}`),
+/// waited for up to 10 s after SIGINT.
+fn shutdown_line(rx: &mpsc::Receiver<String>) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+        match rx.recv_timeout(left) {
+            Ok(l) if l.contains("requests recorded") => return l,
+            Ok(_) => {}
+            Err(_) => break,
+        }
+    }
+    String::new()
 }
 
 /// The real-engine rows (tests/src/bin/enginebench.rs).

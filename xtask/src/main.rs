@@ -109,18 +109,31 @@ enum Cmd {
         /// Only these kernels (labels: 6.1, 6.12); default all.
         kernels: Vec<String>,
     },
-    /// Fuzz the request decoder (cargo fuzz, nightly) for SECS seconds.
+    /// Fuzz every decoder entry (cargo fuzz, nightly; libFuzzer): the
+    /// request decoder on joined connections, HTTP/1.1 and HTTP/2 from a
+    /// connection's start, the memory budget's shedding, HPACK, gRPC
+    /// messages, SSE/NDJSON, capture-file lines and the config file —
+    /// SECS seconds each, one after the other. Prints executions,
+    /// coverage, corpus and crashes per target (also target/fuzz.md) and
+    /// keeps a running total in target/fuzz-total.json; a crash fails it,
+    /// its input in tests/fuzz/artifacts/TARGET/.
     Fuzz {
+        /// Seconds per target.
         #[arg(long, default_value_t = 300)]
         secs: u64,
+        /// Only these targets (decode, http1, http2, shed, hpack, grpc,
+        /// stream, capfile, config); default all.
+        targets: Vec<String>,
     },
     /// Run benchmarks and print one table (also written to
     /// target/bench-WHICH.md): `all` (default), `decode`, `capture`,
-    /// `conns`, `engine`, `tls`, `traces`.
+    /// `conns`, `hostile`, `engine`, `tls`, `traces`.
     Bench {
         /// all; decode (decoder throughput); capture (kernel capture
         /// overhead on a write-heavy SSE server, drops, agent CPU/RSS;
         /// root); conns (agent RSS with 10,000 tracked connections; root);
+        /// hostile (agent peak RSS with 100, 1,000 and 5,000 connections
+        /// each holding 900 KB of a declared 1 MB chat body; root);
         /// engine (real llama.cpp engines: traced vs untraced throughput,
         /// TTFT/TPOT vs the client; root, installs the peers); tls (an
         /// HTTPS SSE writer on OpenSSL: cost per SSL_write traced vs not,
@@ -155,7 +168,7 @@ fn main() -> ExitCode {
         Cmd::Run { args } => run(args),
         Cmd::Test { args } => testrun::test(args),
         Cmd::Peers => peers(),
-        Cmd::Fuzz { secs } => fuzz::run(secs),
+        Cmd::Fuzz { secs, targets } => fuzz::run(secs, &targets),
         Cmd::Kernels { kernels } => kernels::run(&kernels),
         Cmd::Image { tag, push, archive } => image(&tag, push, archive.as_deref()),
         Cmd::GpuCheck { secs } => gpu_check(secs),

@@ -21,8 +21,8 @@ use anyhow::{bail, Context, Result};
 
 use crate::{build, ebpf, fuzz, peers, util};
 
-/// Seconds of decoder fuzzing in `cargo xtask test`.
-const FUZZ_SECS_IN_TEST: u64 = 45;
+/// Seconds of fuzzing per target in `cargo xtask test` (9 targets).
+const FUZZ_SECS_IN_TEST: u64 = 6;
 
 pub fn test(args: Vec<String>) -> Result<()> {
     let ci = std::env::var("CI").is_ok_and(|v| v == "true");
@@ -116,8 +116,10 @@ pub fn test(args: Vec<String>) -> Result<()> {
             .args(["--features", "tokentap/bench-reference"])
             .env("TOKENTAP_EBPF_OBJ", &obj);
         util::run(&mut bench_build).context("the bench-reference build's unit tests")?;
-        // A short coverage-guided run over the decoder is part of the suite.
-        fuzz::run(FUZZ_SECS_IN_TEST)?;
+        // A short coverage-guided run of every fuzz target is part of the
+        // suite (it replays each target's seeds, every past crash among
+        // them, first).
+        fuzz::run(FUZZ_SECS_IN_TEST, &[])?;
         // The kernels GPU nodes run, under qemu: the focused root tests in
         // each (the host kernel ran the whole suite above).
         if root {

@@ -35,6 +35,10 @@ use serde::Serialize;
 use crate::event::Role;
 use crate::record::Finished;
 
+/// What a waiting record's strings (models, ids, names) are taken to hold,
+/// for the memory budget: records are not walked field by field.
+pub const RECORD_HEAP_BYTES: usize = 512;
+
 /// How long an engine record waits for its gateway's (after it finished;
 /// the gateway's record normally follows within milliseconds).
 pub const HOLD_NS: u64 = 5_000_000_000;
@@ -363,6 +367,34 @@ impl Join {
     /// Processes seen forwarding requests to a served engine.
     pub fn gateways(&self) -> &HashSet<u32> {
         &self.gateways
+    }
+
+    /// Bytes the join holds: each waiting record (its struct, and an
+    /// allowance of [`RECORD_HEAP_BYTES`] for its strings), each view,
+    /// and the address tables' entries (part of the decoder's memory
+    /// budget).
+    pub fn buffered(&self) -> usize {
+        (self.held.len() + self.inbound.len()) * (std::mem::size_of::<Held>() + RECORD_HEAP_BYTES)
+            + self.views.len() * std::mem::size_of::<View>()
+            + (self.uplinks.len() + self.served_peers.len())
+                * (std::mem::size_of::<(SocketAddr, Seen)>() + 16)
+            + self.ends.len() * (std::mem::size_of::<((u32, i32), Ends)>() + 16)
+    }
+
+    /// The memory budget wants the waiting records back: every engine and
+    /// gateway record waiting for its other half leaves now, unjoined (as
+    /// when [`HOLD_NS`] passes). Returns how many left.
+    pub fn release_waiting(
+        &mut self,
+        records: &mut Vec<Finished>,
+        counts: &mut GatewayCounts,
+    ) -> u64 {
+        let n = (self.held.len() + self.inbound.len()) as u64;
+        counts.unjoined += self.held.len() as u64;
+        records.extend(self.held.drain(..).map(|h| h.f));
+        records.extend(self.inbound.drain(..).map(|i| i.f));
+        self.views.clear();
+        n
     }
 
     /// Records held now (engines' and gateways').
@@ -718,6 +750,32 @@ mod tests {
         assert_eq!(out[0].record.pid, ENGINE);
         assert_eq!(out[0].record.role, None);
         assert_eq!(d.stats.gateway.unjoined, 1);
+    }
+
+    #[test]
+    fn over_the_memory_budget_a_waiting_engine_record_leaves_unjoined_at_once() {
+        let mut evs = vec![open(INBOUND, 0), open(UPSTREAM, 200), open(SERVED, 400)];
+        proxied("m", 1000, &mut evs);
+        evs.retain(
+            |e| !matches!(e, SocketEvent::Data(d) if d.fd == INBOUND.1 && d.dir == Dir::Out),
+        );
+        // Unbounded, it waits (counted in what the decoder holds).
+        let (d, out) = run(&evs);
+        assert!(out.is_empty());
+        assert!(d.stats.held_bytes >= super::RECORD_HEAP_BYTES as u64);
+        // Over a budget it cannot fit: it leaves at once, unjoined, shed.
+        let mut d = Decoder::new().with_max_memory(1);
+        let mut out = vec![];
+        for e in &evs {
+            d.on_event(e, &mut out);
+        }
+        // (A 1-byte budget also ends the proxy's own request in flight.)
+        let engine: Vec<_> = out.iter().filter(|f| f.record.pid == ENGINE).collect();
+        assert_eq!(engine.len(), 1, "{out:#?}");
+        assert_eq!(engine[0].record.role, None, "unjoined");
+        assert_eq!(d.held(), 0);
+        assert!(d.stats.shed.get("gateway_held").is_some_and(|n| *n >= 1));
+        assert!(d.stats.gateway.unjoined >= 1);
     }
 
     #[test]

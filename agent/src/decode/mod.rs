@@ -633,7 +633,13 @@ impl Decoder {
     /// What is held has reached the budget: the capture should leave
     /// request bodies in the kernel until it has not.
     pub fn over_budget(&self) -> bool {
-        self.held >= self.budget() / 8 * SHED_TO_EIGHTHS
+        self.held_total() >= self.budget() / 8 * SHED_TO_EIGHTHS
+    }
+
+    /// What the budget counts: every connection's state and the gateway
+    /// join's waiting records.
+    fn held_total(&self) -> usize {
+        self.held + self.gateway.buffered()
     }
 
     /// Marks requests carrying `m` in the own-traffic header as the agent's.
@@ -718,7 +724,7 @@ impl Decoder {
                 }
             }
             self.held = (self.held + after).saturating_sub(before);
-            self.stats.held_bytes_peak = self.stats.held_bytes_peak.max(self.held as u64);
+            self.stats.held_bytes_peak = self.stats.held_bytes_peak.max(self.held_total() as u64);
         }
         let (key, ts_ns) = match (ev, touched) {
             (SocketEvent::Arrival(_), _) | (_, None) => {
@@ -740,11 +746,11 @@ impl Decoder {
 
     fn shed_if_over(&mut self, ts: Option<u64>, records: &mut Vec<Finished>) {
         if let Some(ts) = ts {
-            if self.held > self.budget() {
+            if self.held_total() > self.budget() {
                 self.shed(ts, records);
             }
         }
-        self.stats.held_bytes = self.held as u64;
+        self.stats.held_bytes = self.held_total() as u64;
     }
 
     /// Releases engine records that waited for their gateway's record
@@ -923,7 +929,8 @@ impl Decoder {
 
     /// Over the budget at `ts`: takes back what is least useful first
     /// until what is held is under 7/8 of it — kept response bodies and
-    /// stream events being assembled (largest holders first), then idle
+    /// stream events being assembled (largest holders first), then the
+    /// gateway join's waiting records (they leave unjoined), then idle
     /// connections' unfinished heads and header blocks (longest idle
     /// first: the connection is decoded again from its next request, as
     /// one joined mid-way), then, longest idle first, connections with
@@ -937,9 +944,10 @@ impl Decoder {
         let mut idle: Vec<((u32, i32), u64)> =
             self.conns.iter().map(|(k, c)| (*k, c.last_ns)).collect();
         idle.sort_unstable_by_key(|(k, t)| (*t, *k));
+        let join = self.gateway.buffered();
         let shed = &mut self.stats.shed;
         for (k, _) in &by_size {
-            if self.held <= target {
+            if self.held + join <= target {
                 break;
             }
             let Some(c) = self.conns.get_mut(k) else {
@@ -958,9 +966,16 @@ impl Decoder {
             self.held = self.held.saturating_sub(c.held) + now;
             c.held = now;
         }
+        // The gateway join's waiting records leave unjoined.
+        if self.held_total() > target && self.gateway.held() > 0 {
+            let n = self
+                .gateway
+                .release_waiting(records, &mut self.stats.gateway);
+            *self.stats.shed.entry("gateway_held").or_default() += n;
+        }
         for in_flight in [false, true] {
             for (k, _) in &idle {
-                if self.held <= target {
+                if self.held_total() <= target {
                     return;
                 }
                 let Some(c) = self.conns.get_mut(k) else {

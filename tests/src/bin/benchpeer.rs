@@ -23,6 +23,14 @@
 //!                    server reads, so every connection holds decoder
 //!                    state; all stay open until stdin closes. Prints
 //!                    `{"conns":N}` once all are open.
+//!   uploads N        accept N loopback connections from a child process;
+//!                    each sends a chat request head declaring a 1 MB body
+//!                    and 900 KB of it, never the rest (a slow or hostile
+//!                    upload); the server reads every byte sent and keeps
+//!                    none; all stay open until stdin closes. Prints
+//!                    `{"conns":N,"bytes":B}` once all were read.
+//!   uploads-client PORT N   its child: opens the N connections, one
+//!                    after the other, each written whole.
 //!   conns-client PORT N   the child: opens N connections and writes
 
 use std::{
@@ -102,6 +110,22 @@ fn sse_chunk(total: usize) -> Vec<u8> {
     };
     let base = frame(0).len();
     frame(total.saturating_sub(base))
+}
+
+/// `uploads`: a chat request's head declaring 1,000,000 body bytes, and
+/// the first 900,000 of them (the model first, then one long prompt).
+fn upload_wire() -> Vec<u8> {
+    const DECLARED: usize = 1_000_000;
+    const SENT: usize = 900_000;
+    let mut body =
+        br#"{"model":"upload","stream":true,"messages":[{"role":"user","content":""#.to_vec();
+    body.extend(b"word ".iter().cycle().take(SENT - body.len()));
+    let mut wire = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\nContent-Length: {DECLARED}\r\n\r\n"
+    )
+    .into_bytes();
+    wire.extend_from_slice(&body);
+    wire
 }
 
 fn raise_nofile(want: u64) {
@@ -256,6 +280,56 @@ fn main() {
             drop(client.stdin.take());
             let _ = client.wait();
         }
+        Some("uploads") => {
+            let n: usize = arg(1).and_then(|s| s.parse().ok()).unwrap_or(1000);
+            raise_nofile(n as u64 * 2 + 64);
+            let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+            let port = l.local_addr().expect("addr").port();
+            println!("ready {}", std::process::id());
+            std::io::stdout().flush().ok();
+            wait_go();
+            let mut client = std::process::Command::new(std::env::current_exe().expect("exe"))
+                .args(["uploads-client", &port.to_string(), &n.to_string()])
+                .stdin(std::process::Stdio::piped())
+                .spawn()
+                .expect("spawn uploads-client");
+            let want = upload_wire().len();
+            let mut held = Vec::with_capacity(n);
+            let mut buf = vec![0u8; 64 * 1024];
+            let mut bytes = 0u64;
+            for _ in 0..n {
+                let (mut c, _) = l.accept().expect("accept");
+                let mut got = 0;
+                while got < want {
+                    match c.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(k) => got += k,
+                    }
+                }
+                bytes += got as u64;
+                held.push(c);
+            }
+            println!("{{\"conns\":{},\"bytes\":{bytes}}}", held.len());
+            std::io::stdout().flush().ok();
+            let mut sink = String::new();
+            std::io::stdin().lock().read_to_string(&mut sink).ok();
+            drop(client.stdin.take());
+            let _ = client.wait();
+        }
+        Some("uploads-client") => {
+            let port: u16 = arg(1).and_then(|s| s.parse().ok()).expect("port");
+            let n: usize = arg(2).and_then(|s| s.parse().ok()).expect("count");
+            raise_nofile(n as u64 + 64);
+            let wire = upload_wire();
+            let mut held = Vec::with_capacity(n);
+            for _ in 0..n {
+                let mut c = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+                c.write_all(&wire).expect("write");
+                held.push(c);
+            }
+            let mut sink = String::new();
+            std::io::stdin().lock().read_to_string(&mut sink).ok();
+        }
         Some("conns-client") => {
             let port: u16 = arg(1).and_then(|s| s.parse().ok()).expect("port");
             let n: usize = arg(2).and_then(|s| s.parse().ok()).expect("count");
@@ -278,7 +352,7 @@ fn main() {
             std::io::stdin().lock().read_to_string(&mut sink).ok();
         }
         _ => {
-            eprintln!("usage: benchpeer tcp SECS [RATE] | pipe SECS | sys SECS | bulk SECS | conns N | idle");
+            eprintln!("usage: benchpeer tcp SECS [RATE] | pipe SECS | sys SECS | bulk SECS | conns N | uploads N | idle");
             std::process::exit(2);
         }
     }

@@ -850,7 +850,7 @@ impl Metrics {
             "tokentap.decode.shed",
             "{cut}",
             "shed",
-            "What the decoder's memory budget (--max-decode-memory) took back, by reason: response_body (a non-streamed body not read: its tokens unknown), stream_event (a stream event being assembled), partial_head (an idle connection's unfinished head or header block: decoded again from its next request), in_flight (a connection's requests ended as truncated_capture)",
+            "What the decoder's memory budget (--max-decode-memory) took back, by reason: response_body (a non-streamed body not read: its tokens unknown), stream_event (a stream event being assembled), gateway_held (the gateway join's waiting records, released unjoined), partial_head (an idle connection's unfinished head or header block: decoded again from its next request), in_flight (a connection's requests ended as truncated_capture)",
         );
         {
             let hm = health.clone();
