@@ -1074,13 +1074,17 @@ fn hostile(counts: &[usize]) -> Result<Vec<Row>> {
             .stdout(Stdio::piped())
             .spawn()
             .context("starting benchpeer uploads")?;
-        let mut stdin = child.stdin.take().context("stdin")?;
+        let _stdin = child.stdin.take().context("stdin")?;
         let rx = lines(child.stdout.take().context("stdout")?);
         let peer = Spawned { child, rx };
-        let pid: u32 = wait_ready(&peer.rx, "benchpeer uploads")?
-            .strip_prefix("ready ")
-            .and_then(|p| p.parse().ok())
-            .context("benchpeer ready line")?;
+        let ready = wait_ready(&peer.rx, "benchpeer uploads")?;
+        let mut words = ready.split_whitespace().skip(1);
+        let (Some(pid), Some(port)) = (
+            words.next().and_then(|p| p.parse::<u32>().ok()),
+            words.next().and_then(|p| p.parse::<u16>().ok()),
+        ) else {
+            bail!("benchpeer uploads: a ready line without pid and port: {ready}");
+        };
         let agent = spawn_tokentap(
             &[
                 "run".into(),
@@ -1093,8 +1097,13 @@ fn hostile(counts: &[usize]) -> Result<Vec<Row>> {
         )?;
         std::thread::sleep(Duration::from_millis(500));
         let before = proc_rss_kib(agent.child.id()).0;
-        writeln!(stdin, "go")?;
-        stdin.flush()?;
+        // The clients in a process of their own, not the target's child.
+        let mut clients = Command::new(bin("benchpeer"))
+            .args(["uploads-client", &port.to_string(), &n.to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .context("starting benchpeer uploads-client")?;
         let line = peer
             .rx
             .recv_timeout(Duration::from_secs(600))
@@ -1108,7 +1117,6 @@ fn hostile(counts: &[usize]) -> Result<Vec<Row>> {
         unsafe { libc::kill(agent.child.id() as i32, libc::SIGINT) };
         let summary = shutdown_line(&agent.rx);
         drop(agent);
-        drop(stdin);
         drop(peer);
         let stats = |key: &str| -> Value {
             summary
@@ -1119,6 +1127,8 @@ fn hostile(counts: &[usize]) -> Result<Vec<Row>> {
                 })
                 .unwrap_or(Value::Null)
         };
+        drop(clients.stdin.take());
+        let _ = clients.wait();
         let (cap, dec) = (stats("capture"), stats("decode"));
         let shed: u64 = dec["shed"]
             .as_object()

@@ -24,6 +24,32 @@ use crate::{build, ebpf, fuzz, peers, util};
 /// Seconds of fuzzing per target in `cargo xtask test` (9 targets).
 const FUZZ_SECS_IN_TEST: u64 = 6;
 
+/// `cargo fmt --check` and `cargo clippy -D warnings` over the workspace
+/// (the fuzz crate too: it is a workspace of its own).
+fn style() -> Result<()> {
+    let obj = ebpf::object_path();
+    util::run(util::cargo().args(["fmt", "--all", "--check"]))
+        .context("the code is not formatted: run `cargo fmt --all`")?;
+    util::run(
+        util::cargo()
+            .args(["fmt", "--all", "--check", "--manifest-path", "tests/fuzz/Cargo.toml"]),
+    )
+    .context("the fuzz targets are not formatted: run `cargo fmt --all --manifest-path tests/fuzz/Cargo.toml`")?;
+    util::run(
+        util::cargo()
+            .args([
+                "clippy",
+                "--workspace",
+                "--all-targets",
+                "--",
+                "-D",
+                "warnings",
+            ])
+            .env("TOKENTAP_EBPF_OBJ", &obj),
+    )
+    .context("clippy found warnings (`cargo clippy --workspace --all-targets -- -D warnings`)")
+}
+
 pub fn test(args: Vec<String>) -> Result<()> {
     let ci = std::env::var("CI").is_ok_and(|v| v == "true");
     // SAFETY: geteuid has no preconditions.
@@ -44,6 +70,11 @@ pub fn test(args: Vec<String>) -> Result<()> {
         );
     }
     build(crate::Profile::Dev)?;
+    if args.is_empty() {
+        // The whole suite: the code is formatted and lint-clean too (the
+        // guide's `cargo fmt` and `cargo clippy -- -D warnings`).
+        style()?;
+    }
     if root && selects_container_test(&args) {
         // The container test runs the image exactly as `cargo xtask image`
         // builds it.

@@ -166,9 +166,13 @@ pub struct RunFlags {
     /// Memory the decoder's connections may hold together: parsing
     /// buffers (response bodies kept for reading, heads, header blocks,
     /// stream events), HTTP/2 header tables, arrival ledgers and
-    /// per-connection state. Request bodies are read as they pass and
-    /// never kept. Over it the decoder sheds, least useful first (counted
-    /// in tokentap.decode.shed). Bytes, or with a KiB/MiB/GiB suffix; at
+    /// per-connection state, the gateway join's waiting records. Request
+    /// bodies are read as they pass and never kept. Over it the decoder
+    /// sheds, least useful first (counted in tokentap.decode.shed), and
+    /// the kernel leaves request bodies beyond their first 16 KiB unread
+    /// until it is back under (their length counted, their input tokens
+    /// estimated: tokentap.capture.bodies_left; it does so too while the
+    /// ring buffer is over a quarter full). Bytes, or with a KiB/MiB/GiB suffix; at
     /// least 1MiB. The default leaves the base DaemonSet's 256 MiB limit
     /// room for the ring buffer, maps and the agent itself.
     #[arg(long, value_name = "BYTES", default_value = "64MiB", value_parser = byte_size)]
@@ -436,7 +440,9 @@ mod checked {
 pub struct KernelFlags {
     /// Ring buffer between kernel and agent, in bytes (a power of two,
     /// ≥ 4096). When it is full the kernel drops records and counts them;
-    /// traced processes never wait.
+    /// traced processes never wait. Over a quarter full, request bodies
+    /// beyond their first 16 KiB stay in the kernel (their length
+    /// reported), so one client's uploads cannot fill it for everyone.
     #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_RING_BYTES, value_parser = ring_bytes)]
     #[serde(deserialize_with = "checked::ring_bytes")]
     pub ring_buffer_bytes: u32,

@@ -12,6 +12,10 @@ mod events;
 fuzz_target!(|input: &[u8]| {
     let mut d = Decoder::new();
     events::run(&mut d, input, &events::ANY, |d, _| {
-        assert!(d.buffered_bytes() <= 32 << 20, "decoder buffers grew to {}", d.buffered_bytes());
+        assert!(
+            d.buffered_bytes() <= 32 << 20,
+            "decoder buffers grew to {}",
+            d.buffered_bytes()
+        );
     });
 });

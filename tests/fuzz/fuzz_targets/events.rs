@@ -59,7 +59,11 @@ pub fn run(d: &mut Decoder, input: &[u8], shape: &Shape, mut check: impl FnMut(&
         let first = &mut started[fd as usize][out_dir as usize];
         if !*first {
             *first = true;
-            bytes.extend_from_slice(if out_dir { shape.first_out } else { shape.first_in });
+            bytes.extend_from_slice(if out_dir {
+                shape.first_out
+            } else {
+                shape.first_in
+            });
         }
         bytes.extend_from_slice(&input[i + 2..end]);
         i = end;
@@ -87,7 +91,14 @@ pub fn run(d: &mut Decoder, input: &[u8], shape: &Shape, mut check: impl FnMut(&
         };
         d.on_event(&ev, &mut out);
         if ctrl & 2 != 0 {
-            d.on_event(&SocketEvent::Close(CloseEvent { ts_ns: ts, pid: 1, fd }), &mut out);
+            d.on_event(
+                &SocketEvent::Close(CloseEvent {
+                    ts_ns: ts,
+                    pid: 1,
+                    fd,
+                }),
+                &mut out,
+            );
             started[fd as usize] = [false; 2];
         }
         check(d, n);

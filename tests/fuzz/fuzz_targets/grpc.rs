@@ -44,6 +44,10 @@ fuzz_target!(|input: &[u8]| {
         if res.is_err() {
             break;
         }
-        assert!(framer.buffered() <= 1 << 20, "framer held {}", framer.buffered());
+        assert!(
+            framer.buffered() <= 1 << 20,
+            "framer held {}",
+            framer.buffered()
+        );
     }
 });

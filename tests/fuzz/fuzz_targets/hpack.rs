@@ -30,7 +30,11 @@ fuzz_target!(|input: &[u8]| {
             break;
         }
         if let Some(max) = d.max_size() {
-            assert!(d.table_size() <= max, "table {} over its maximum {max}", d.table_size());
+            assert!(
+                d.table_size() <= max,
+                "table {} over its maximum {max}",
+                d.table_size()
+            );
         }
         for i in 0..d.table_len() {
             let _ = d.entry(i);

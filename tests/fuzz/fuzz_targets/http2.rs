@@ -19,6 +19,10 @@ const SHAPE: events::Shape = events::Shape {
 fuzz_target!(|input: &[u8]| {
     let mut d = Decoder::new();
     events::run(&mut d, input, &SHAPE, |d, _| {
-        assert!(d.buffered_bytes() <= 32 << 20, "decoder buffers grew to {}", d.buffered_bytes());
+        assert!(
+            d.buffered_bytes() <= 32 << 20,
+            "decoder buffers grew to {}",
+            d.buffered_bytes()
+        );
     });
 });

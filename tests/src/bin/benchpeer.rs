@@ -23,14 +23,17 @@
 //!                    server reads, so every connection holds decoder
 //!                    state; all stay open until stdin closes. Prints
 //!                    `{"conns":N}` once all are open.
-//!   uploads N        accept N loopback connections from a child process;
-//!                    each sends a chat request head declaring a 1 MB body
-//!                    and 900 KB of it, never the rest (a slow or hostile
-//!                    upload); the server reads every byte sent and keeps
-//!                    none; all stay open until stdin closes. Prints
+//!   uploads N        prints `ready PID PORT`, then accepts N loopback
+//!                    connections (from `uploads-client`, started by the
+//!                    caller: a child would be a target too); each sends a
+//!                    chat request head declaring a 1 MB body and 900 KB
+//!                    of it, never the rest (a slow or hostile upload);
+//!                    the server reads every byte sent and keeps none; all
+//!                    stay open until stdin closes. Prints
 //!                    `{"conns":N,"bytes":B}` once all were read.
-//!   uploads-client PORT N   its child: opens the N connections, one
-//!                    after the other, each written whole.
+//!   uploads-client PORT N   opens the N connections, one after the
+//!                    other, each written whole; holds them until its
+//!                    stdin closes.
 //!   conns-client PORT N   the child: opens N connections and writes
 
 use std::{
@@ -285,14 +288,10 @@ fn main() {
             raise_nofile(n as u64 * 2 + 64);
             let l = TcpListener::bind("127.0.0.1:0").expect("bind");
             let port = l.local_addr().expect("addr").port();
-            println!("ready {}", std::process::id());
+            // The clients are started by whoever reads this (not a child
+            // of this process: the agent follows a target's children).
+            println!("ready {} {port}", std::process::id());
             std::io::stdout().flush().ok();
-            wait_go();
-            let mut client = std::process::Command::new(std::env::current_exe().expect("exe"))
-                .args(["uploads-client", &port.to_string(), &n.to_string()])
-                .stdin(std::process::Stdio::piped())
-                .spawn()
-                .expect("spawn uploads-client");
             let want = upload_wire().len();
             let mut held = Vec::with_capacity(n);
             let mut buf = vec![0u8; 64 * 1024];
@@ -313,8 +312,6 @@ fn main() {
             std::io::stdout().flush().ok();
             let mut sink = String::new();
             std::io::stdin().lock().read_to_string(&mut sink).ok();
-            drop(client.stdin.take());
-            let _ = client.wait();
         }
         Some("uploads-client") => {
             let port: u16 = arg(1).and_then(|s| s.parse().ok()).expect("port");
