@@ -16,6 +16,20 @@ use tokentap::{
     source::EventSource,
 };
 
+/// `run --help`'s description; the engines it finds come from the
+/// catalogue (`engines::Engine::ALL`).
+fn run_long_about() -> String {
+    format!(
+        "Run the agent: capture the engines' traffic, decode every LLM request, write the \
+         request log, show the live console view, export OTLP metrics.\n\n\
+         With no --pid/--port it finds inference servers itself ({}: by command line, among \
+         processes listening on TCP) and keeps looking every 5 s.\n\n\
+         Example: tokentap run --port 8000 --requests-log requests.jsonl --otlp-endpoint \
+         http://127.0.0.1:4317",
+        tokentap::engines::Engine::titles()
+    )
+}
+
 const EBPF_ENV_HELP: &str =
     "Environment: TOKENTAP_EBPF_OBJECT=PATH loads the eBPF programs from PATH \
 instead of the ones built into this binary (for testing; the object's record-layout version must \
@@ -46,13 +60,7 @@ enum Cmd {
     /// Run the agent: capture the engines' traffic, decode every LLM
     /// request, write the request log, show the live console view, export
     /// OTLP metrics.
-    ///
-    /// With no --pid/--port it finds inference servers itself (vLLM,
-    /// SGLang, TGI, llama.cpp, Ollama, Triton, LMDeploy: by command line,
-    /// among processes listening on TCP) and keeps looking every 5 s.
-    ///
-    /// Example: tokentap run --port 8000 --requests-log requests.jsonl --otlp-endpoint http://127.0.0.1:4317
-    #[command(after_help = EBPF_ENV_HELP)]
+    #[command(after_help = EBPF_ENV_HELP, long_about = run_long_about())]
     Run(Box<RunFlags>),
     /// Record the raw socket traffic of processes to a capture file.
     ///

@@ -432,6 +432,42 @@ pub fn logged(path: &Path) -> Vec<Value> {
         .collect()
 }
 
+/// The agent's shutdown line (`tokentap: N requests recorded, …; capture
+/// {json}; decode {json}`) and its two JSON parts.
+pub struct Shutdown {
+    pub line: String,
+    /// The capture's counters (`Value::Null` in a replay, which has none).
+    pub capture: Value,
+    /// The decoder's counters (`desyncs`, `shed`, `held_bytes_peak`, …).
+    pub decode: Value,
+}
+
+/// Finds and parses the shutdown line among an agent's output `lines`;
+/// panics, showing them, when there is none or its decode part is not
+/// JSON (a check on its counters must never pass for want of them).
+pub fn shutdown(lines: &[String]) -> Shutdown {
+    let line = lines
+        .iter()
+        .rev()
+        .find(|l| l.contains("requests recorded"))
+        .unwrap_or_else(|| panic!("no shutdown line in the agent's output: {lines:#?}"))
+        .clone();
+    let (head, decode) = line
+        .rsplit_once("; decode ")
+        .unwrap_or_else(|| panic!("no decode counters in {line}"));
+    let decode: Value =
+        serde_json::from_str(decode).unwrap_or_else(|e| panic!("decode counters in {line}: {e}"));
+    let capture = head
+        .split_once("; capture ")
+        .and_then(|(_, j)| serde_json::from_str(j).ok())
+        .unwrap_or(Value::Null);
+    Shutdown {
+        line,
+        capture,
+        decode,
+    }
+}
+
 /// Decoded payload of a data event.
 pub fn payload(ev: &Value) -> Vec<u8> {
     use base64::Engine as _;
@@ -556,7 +592,6 @@ fn peek_rx_ns(fd: i32) -> Option<u64> {
     None
 }
 
-/// A loopback port with nothing listening on it right now.
 /// A TCP connection to 127.0.0.1:`port` from the source address `src`.
 pub fn connect_from(src: std::net::Ipv4Addr, port: u16) -> std::net::TcpStream {
     // SAFETY: plain socket calls on a fresh fd with valid sockaddr_in
@@ -584,6 +619,8 @@ pub fn connect_from(src: std::net::Ipv4Addr, port: u16) -> std::net::TcpStream {
     }
 }
 
+/// A loopback port with nothing listening on it right now (two calls may
+/// return the same port).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())

@@ -261,15 +261,11 @@ fn burst_run(ns_name: &str, octet: u8, ring: Option<u32>) -> Run {
     let status = agent.0.wait().expect("wait for the agent");
     let lines: Vec<String> = agent_out.iter().collect();
     assert!(status.success(), "tokentap run failed: {lines:#?}");
-    let summary = lines
-        .iter()
-        .find(|l| l.contains("requests recorded"))
-        .unwrap_or_else(|| panic!("no shutdown line: {lines:#?}"));
-    let capture: Value = summary
-        .split_once("; capture ")
-        .and_then(|(_, rest)| rest.split_once("; decode "))
-        .and_then(|(j, _)| serde_json::from_str(j).ok())
-        .unwrap_or_else(|| panic!("no capture stats in {summary}"));
+    let tokentap_tests::Shutdown {
+        line: summary,
+        capture,
+        ..
+    } = tokentap_tests::shutdown(&lines);
     let dropped = capture["records_dropped"].as_u64().unwrap_or(0);
     let bodies_left = capture["bodies_left"].as_u64().unwrap_or(0);
 

@@ -544,7 +544,17 @@ fn setns_refused_falls_back_only_to_a_routable_listen_address() {
     let ns = Netns::create("ttm", 214);
     let dir = tokentap_tests::scratch_dir("enginemetrics-static");
     std::fs::write(dir.join("metrics"), fixture("vllm-v1-metrics.prom")).expect("write");
-    let (lo_port, routed_port) = (free_port(), free_port());
+    // Two different ports: were they the same (two ephemeral binds can
+    // return one port), the routed server's port would have a loopback
+    // listener in its namespace too, which the scraper rightly prefers —
+    // and refuses without setns (the flake seen in a CI run).
+    let lo_port = free_port();
+    let routed_port = loop {
+        let p = free_port();
+        if p != lo_port {
+            break p;
+        }
+    };
     let lo = serve_dir(&ns, "127.0.0.1", lo_port, &dir);
     let routed = serve_dir(&ns, &ns.ns_addr, routed_port, &dir);
     let (lo_pid, routed_pid) = (lo.0.id(), routed.0.id());

@@ -120,6 +120,7 @@ fn an_engines_build_and_serving_flags_are_versioned_apart_from_its_model() {
             assert_eq!(r["provider"], "vllm", "{r}");
             assert!(r["serving_config_version"].is_string(), "{r}");
             assert_eq!(r["serving_config_version"], rs[0]["serving_config_version"]);
+            assert!(r["model_version"].is_string(), "a model version: {r}");
             assert_eq!(r["model_version"], records[0]["model_version"], "one model");
         }
         config_versions.push(

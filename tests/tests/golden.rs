@@ -173,12 +173,30 @@ fn decode_all(evs: &[tokentap::event::SocketEvent]) -> (Decoder, Vec<tokentap::r
 /// the server's first output send; errors the server sent are errors.
 fn against_server_log(name: &str, recs: &[tokentap::record::Finished]) -> Vec<String> {
     let log = captures_dir().join(format!("{name}.server.jsonl"));
-    let lines: Vec<Value> = std::fs::read_to_string(&log)
-        .unwrap_or_default()
+    let mut problems = vec![];
+    let text = match std::fs::read_to_string(&log) {
+        Ok(t) => t,
+        Err(e) => return vec![format!("{name}: no server log {}: {e}", log.display())],
+    };
+    let lines: Vec<Value> = text
         .lines()
         .filter_map(|l| serde_json::from_str(l).ok())
         .collect();
-    let mut problems = vec![];
+    // Every LLM record is a request the server says it received: an
+    // empty or unrelated log cannot pass for a check.
+    for r in recs.iter().filter(|r| r.record.operation.is_some()) {
+        let known = r
+            .record
+            .request_id
+            .as_deref()
+            .is_some_and(|id| lines.iter().any(|l| l["ev"] == "recv" && l["id"] == id));
+        if !known {
+            problems.push(format!(
+                "{name}: a record the server's log does not know (request id {:?})",
+                r.record.request_id
+            ));
+        }
+    }
     let mut ids: Vec<String> = lines
         .iter()
         .filter(|l| l["ev"] == "recv")
@@ -187,11 +205,15 @@ fn against_server_log(name: &str, recs: &[tokentap::record::Finished]) -> Vec<St
     ids.sort();
     ids.dedup();
     for id in &ids {
-        let Some(r) = recs
+        let mine: Vec<_> = recs
             .iter()
-            .find(|r| r.record.request_id.as_deref() == Some(id.as_str()))
-        else {
-            problems.push(format!("{name}: request {id} not recorded"));
+            .filter(|r| r.record.request_id.as_deref() == Some(id.as_str()))
+            .collect();
+        let [r] = mine.as_slice() else {
+            problems.push(format!(
+                "{name}: request {id} recorded {} times, want once",
+                mine.len()
+            ));
             continue;
         };
         let content = |l: &&Value| {
@@ -213,6 +235,25 @@ fn against_server_log(name: &str, recs: &[tokentap::record::Finished]) -> Vec<St
                 "{name} {id}: server error {failed}, record {:?}",
                 rec.error_type
             ));
+        }
+        // A unary answer: its last byte written within 1 ms of the
+        // server's send.
+        let answered: Vec<u64> = lines
+            .iter()
+            .filter(|l| l["ev"] == "send" && l["id"] == id.as_str())
+            .filter_map(|l| l["t_ns"].as_u64())
+            .collect();
+        if !rec.stream && !failed {
+            let end = rec.t0_ns as f64 + rec.duration_s.unwrap_or(f64::NAN) * 1e9;
+            let d_ms = answered
+                .iter()
+                .max()
+                .map_or(f64::NAN, |s| (end - *s as f64) / 1e6);
+            if d_ms.is_nan() || d_ms.abs() > 1.0 {
+                problems.push(format!(
+                    "{name} {id}: the answer's last byte written {d_ms:+.3} ms from the server's send"
+                ));
+            }
         }
         if rec.stream && !sends.is_empty() {
             if rec.output_tokens != Some(sends.len() as u64) {

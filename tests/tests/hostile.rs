@@ -564,14 +564,11 @@ fn hostile_run(ns_name: &str, octet: u8, budget: Option<u64>) -> Run {
 
     // The decoder's own account, from the shutdown line
     // ("…; capture {json}; decode {json}").
-    let summary = lines
-        .iter()
-        .find(|l| l.contains("requests recorded"))
-        .unwrap_or_else(|| panic!("no shutdown line: {lines:#?}"));
-    let decode: Value = summary
-        .split_once("; decode ")
-        .and_then(|(_, j)| serde_json::from_str(j).ok())
-        .unwrap_or_else(|| panic!("no decode stats in {summary}"));
+    let tokentap_tests::Shutdown {
+        line: summary,
+        decode,
+        ..
+    } = tokentap_tests::shutdown(&lines);
     let shed_total: u64 = decode["shed"]
         .as_object()
         .map_or(0, |m| m.values().filter_map(Value::as_u64).sum());

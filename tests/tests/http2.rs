@@ -163,12 +163,24 @@ fn streams_multiplexed_on_one_h2c_connection_match_the_engines_clock() {
     std::thread::sleep(Duration::from_millis(700));
     let (ok, lines) = interrupt(&mut tt, tt_out);
     assert!(ok, "tokentap run failed: {lines:#?}");
+    let decode = tokentap_tests::shutdown(&lines).decode;
+    assert_eq!(decode["desyncs"], 0, "{decode}");
 
     let truth: HashMap<String, Value> = read_jsonl(&truth)
         .into_iter()
         .map(|t| (t["model"].as_str().unwrap().to_string(), t))
         .collect();
-    let records: HashMap<String, Value> = read_jsonl(&log)
+    let all = read_jsonl(&log);
+    let measured = all
+        .iter()
+        .filter(|r| {
+            r["request_model"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("h2-"))
+        })
+        .count();
+    assert_eq!(measured, seen.len(), "each stream recorded once: {all:#?}");
+    let records: HashMap<String, Value> = all
         .into_iter()
         .filter_map(|r| Some((r["request_model"].as_str()?.to_string(), r)))
         .collect();

@@ -102,7 +102,14 @@ fn llama_server_timings_are_each_records_prefill_decode_and_cached_tokens() {
             "{r}"
         );
         let ttft = r["ttft_s"].as_f64().unwrap();
-        let queue = r["queue_s"].as_f64().unwrap_or(0.0);
+        // Timed from the arrival, the wait unread is known: never taken as 0.
+        let queue = if r["t0_source"] == "arrival" {
+            r["queue_s"]
+                .as_f64()
+                .unwrap_or_else(|| panic!("{tag}: t0 at the arrival and no queue_s: {r}"))
+        } else {
+            0.0
+        };
         let prefill = r["prefill_s"].as_f64().unwrap();
         assert!(
             ttft >= queue + prefill,

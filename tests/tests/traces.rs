@@ -162,6 +162,12 @@ fn slow_and_failed_requests_are_spans_in_the_callers_trace() {
         let status = s.status.as_ref().map(|st| st.code).unwrap_or(0);
         // STATUS_CODE_ERROR = 2.
         assert_eq!(status == 2, failed, "tr-{i}: {s:?} {r}");
+        // A streamed answer that did not fail has its first token: the
+        // span's event is checked below, never skipped for want of one.
+        assert!(
+            r["stream"] != true || failed || r["ttft_s"].is_number(),
+            "tr-{i}: a streamed answer without a TTFT: {r}"
+        );
         if let Some(ttft) = r["ttft_s"].as_f64() {
             let ev = s
                 .events

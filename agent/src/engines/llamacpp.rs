@@ -5,6 +5,7 @@ use super::{InfoEndpoint, MetricNames, ModelFlags, Spec};
 
 pub(super) const SPEC: Spec = Spec {
     name: "llama.cpp",
+    title: "llama.cpp",
     cmdline: &["llama-server", "llama_cpp.server", "llama-cpp-python"],
     server_header: &["llama.cpp"],
     model_flags: Some(ModelFlags {

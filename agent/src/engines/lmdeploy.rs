@@ -5,6 +5,7 @@ use super::{ModelFlags, Spec};
 
 pub(super) const SPEC: Spec = Spec {
     name: "lmdeploy",
+    title: "LMDeploy",
     cmdline: &["lmdeploy"],
     server_header: &[],
     model_flags: Some(ModelFlags {

@@ -40,6 +40,9 @@ pub enum Engine {
 pub struct Spec {
     /// `gen_ai.provider.name`.
     pub name: &'static str,
+    /// How people write its name (`vLLM`, `llama.cpp`): in help and
+    /// messages.
+    pub title: &'static str,
     /// Lowercase fragments of a command line that runs this engine's
     /// server (or its launcher).
     pub cmdline: &'static [&'static str],
@@ -178,6 +181,12 @@ impl Engine {
     /// `gen_ai.provider.name`.
     pub fn name(self) -> &'static str {
         self.spec().name
+    }
+
+    /// Every engine's title, in catalogue order, joined with `, ` (help
+    /// texts and messages list the engines from here, never by hand).
+    pub fn titles() -> String {
+        Engine::ALL.map(|e| e.spec().title).join(", ")
     }
 
     /// The engine a name (`gen_ai.provider.name`) stands for.

@@ -5,6 +5,7 @@ use super::{InfoEndpoint, Spec};
 
 pub(super) const SPEC: Spec = Spec {
     name: "ollama",
+    title: "Ollama",
     cmdline: &["ollama"],
     server_header: &["ollama"],
     // Models are loaded per request; the command line names none.

@@ -5,6 +5,7 @@ use super::{InfoEndpoint, MetricNames, ModelFlags, Spec};
 
 pub(super) const SPEC: Spec = Spec {
     name: "sglang",
+    title: "SGLang",
     cmdline: &["sglang"],
     server_header: &[],
     model_flags: Some(ModelFlags {

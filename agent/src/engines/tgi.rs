@@ -5,6 +5,7 @@ use super::{InfoEndpoint, MetricNames, ModelFlags, Spec};
 
 pub(super) const SPEC: Spec = Spec {
     name: "tgi",
+    title: "TGI",
     cmdline: &[
         "text-generation-router",
         "text-generation-launcher",

@@ -5,6 +5,7 @@ use super::{InfoEndpoint, Spec};
 
 pub(super) const SPEC: Spec = Spec {
     name: "triton",
+    title: "Triton",
     cmdline: &["tritonserver"],
     server_header: &[],
     // A model repository holds many models; the request names one.

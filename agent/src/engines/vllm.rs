@@ -5,6 +5,7 @@ use super::{InfoEndpoint, MetricNames, ModelFlags, Spec};
 
 pub(super) const SPEC: Spec = Spec {
     name: "vllm",
+    title: "vLLM",
     cmdline: &["vllm"],
     // uvicorn's own `Server: uvicorn` says nothing about the engine.
     server_header: &[],

@@ -38,13 +38,13 @@ pub struct RunFlags {
     /// see docs/metrics.md); an invalid rule stops the agent at start; and
     /// the timeline detectors' thresholds as an `[events]` table
     /// (`window_s`, `surge_factor`, …; docs/metrics.md, "Timeline events").
-    #[arg(long, value_name = "FILE")]
+    #[arg(help_heading = "Running", long, value_name = "FILE")]
     #[serde(skip)]
     pub config: Option<PathBuf>,
     /// Capture this inference-server process and the processes it starts
     /// (repeatable). A launcher (shell wrapper, `uv run`, a supervisor)
     /// works: its children are followed.
-    #[arg(long = "pid", value_name = "PID", value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(help_heading = "Targets", long = "pid", value_name = "PID", value_parser = clap::value_parser!(u32).range(1..))]
     #[serde(rename = "pid", deserialize_with = "checked::ids")]
     pub pids: Vec<u32>,
     /// Only server connections on this local port (repeatable). Without
@@ -54,19 +54,19 @@ pub struct RunFlags {
     /// A target's outgoing connections to one of these ports are captured
     /// too: give a reverse proxy's port and its engine's, and the two
     /// records of one request are joined (`gateway_s`, docs/metrics.md).
-    #[arg(long = "port", value_name = "PORT", value_parser = clap::value_parser!(u16).range(1..))]
+    #[arg(help_heading = "Targets", long = "port", value_name = "PORT", value_parser = clap::value_parser!(u16).range(1..))]
     #[serde(rename = "port", deserialize_with = "checked::ids")]
     pub ports: Vec<u16>,
     /// Append one JSON object per finished request to PATH ("-" for
     /// stdout; the console then goes to stderr). No prompt or completion
     /// text is written. Keys: docs/metrics.md.
-    #[arg(long, value_name = "PATH")]
+    #[arg(help_heading = "Outputs", long, value_name = "PATH")]
     pub requests_log: Option<PathBuf>,
     /// Also write requests that are not LLM requests to the request log
     /// (probes, /metrics scrapes, /v1/models, unknown paths), with
     /// `operation: null`. Without it they are only counted
     /// (tokentap.http.requests by route class).
-    #[arg(long)]
+    #[arg(help_heading = "Outputs", long)]
     pub log_all_requests: bool,
     /// Append one JSON object per timeline event to PATH ("-" for stdout):
     /// engine.start/stop, model_version.new/rollout/rollback, caller.new/
@@ -75,22 +75,22 @@ pub struct RunFlags {
     /// exported as OTLP log records and counted in tokentap.events, and the
     /// console shows the latest. Thresholds: the config file's `[events]`
     /// table.
-    #[arg(long, value_name = "PATH")]
+    #[arg(help_heading = "Events", long, value_name = "PATH")]
     pub events_log: Option<PathBuf>,
     /// Do not show the console view.
-    #[arg(long)]
+    #[arg(help_heading = "Outputs", long)]
     pub no_console: bool,
     /// Sliding window of the console view, in seconds.
-    #[arg(long, value_name = "SECS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(help_heading = "Outputs", long, value_name = "SECS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
     #[serde(deserialize_with = "checked::at_least_one")]
     pub console_window: u64,
     /// Seconds between console updates, at least 0.1 (default: 1 on a
     /// terminal, 10 as plain lines otherwise).
-    #[arg(long, value_name = "SECS", value_parser = secs_at_least_tenth)]
+    #[arg(help_heading = "Outputs", long, value_name = "SECS", value_parser = secs_at_least_tenth)]
     #[serde(deserialize_with = "checked::some_interval")]
     pub console_interval: Option<f64>,
     /// Stop after this many seconds, ≥ 0 (default: until Ctrl-C / SIGTERM).
-    #[arg(long, value_name = "SECS", value_parser = secs_at_least_zero)]
+    #[arg(help_heading = "Running", long, value_name = "SECS", value_parser = secs_at_least_zero)]
     #[serde(deserialize_with = "checked::some_duration")]
     pub duration: Option<f64>,
     /// Export OTLP metrics to this collector (e.g. http://127.0.0.1:4317
@@ -98,7 +98,7 @@ pub struct RunFlags {
     /// against the system's roots and --otlp-ca-file). Without it, metrics
     /// are exported only when OTEL_EXPORTER_OTLP_ENDPOINT (or
     /// OTEL_EXPORTER_OTLP_METRICS_ENDPOINT) is set.
-    #[arg(long, value_name = "URL")]
+    #[arg(help_heading = "OTLP export", long, value_name = "URL")]
     pub otlp_endpoint: Option<String>,
     /// CA certificate(s), PEM, that an https:// collector's certificate
     /// is checked against, besides the system's roots (e.g. a cluster's
@@ -107,25 +107,29 @@ pub struct RunFlags {
     /// OTEL_EXPORTER_OTLP_CLIENT_KEY (PEM files). Also honoured:
     /// OTEL_EXPORTER_OTLP_COMPRESSION=gzip, OTEL_EXPORTER_OTLP_TIMEOUT
     /// (ms, default 5000), each with its _METRICS_/_LOGS_ form first.
-    #[arg(long, value_name = "PEM")]
+    #[arg(help_heading = "OTLP export", long, value_name = "PEM")]
     pub otlp_ca_file: Option<PathBuf>,
     /// A header sent with every export, KEY=VALUE (repeatable; value
     /// percent-decoded), e.g. `authorization=Bearer%20TOKEN`; over the
     /// same key in OTEL_EXPORTER_OTLP_HEADERS (comma-separated pairs).
     /// Values are never printed.
-    #[arg(long = "otlp-header", value_name = "KEY=VALUE")]
+    #[arg(
+        help_heading = "OTLP export",
+        long = "otlp-header",
+        value_name = "KEY=VALUE"
+    )]
     #[serde(rename = "otlp-header", deserialize_with = "checked::one_or_many")]
     pub otlp_headers: Vec<String>,
     /// OTLP transport: grpc or http/protobuf (default: OTEL_EXPORTER_OTLP_PROTOCOL, else grpc).
-    #[arg(long, value_name = "PROTO")]
+    #[arg(help_heading = "OTLP export", long, value_name = "PROTO")]
     pub otlp_protocol: Option<String>,
     /// Seconds between metric exports, at least 0.1.
-    #[arg(long, value_name = "SECS", default_value_t = 10.0, value_parser = secs_at_least_tenth)]
+    #[arg(help_heading = "OTLP export", long, value_name = "SECS", default_value_t = 10.0, value_parser = secs_at_least_tenth)]
     #[serde(deserialize_with = "checked::interval")]
     pub export_interval: f64,
     /// Export base-2 exponential histograms instead of the semantic
     /// conventions' explicit buckets.
-    #[arg(long)]
+    #[arg(help_heading = "OTLP export", long)]
     pub exponential_histograms: bool,
     /// Share of LLM requests exported as OTLP trace spans (one SERVER span
     /// per request, joining the caller's trace when the request carries a
@@ -133,18 +137,18 @@ pub struct RunFlags {
     /// to their first token than --traces-slow-ttft, are always exported.
     /// Spans go to the same collector as metrics
     /// (`OTEL_EXPORTER_OTLP_TRACES_*` honoured).
-    #[arg(long, value_name = "RATIO", default_value_t = 1.0, value_parser = ratio)]
+    #[arg(help_heading = "OTLP export", long, value_name = "RATIO", default_value_t = 1.0, value_parser = ratio)]
     #[serde(deserialize_with = "checked::ratio")]
     pub traces_sample: f64,
     /// Always export the span of a request whose TTFT exceeds this many
     /// seconds, whatever --traces-sample says.
-    #[arg(long, value_name = "SECS", value_parser = secs_at_least_zero)]
+    #[arg(help_heading = "OTLP export", long, value_name = "SECS", value_parser = secs_at_least_zero)]
     #[serde(deserialize_with = "checked::some_duration")]
     pub traces_slow_ttft: Option<f64>,
     /// Distinct model names used as metric attribute values; later ones
     /// are exported as "other" (cardinality cap; the overflow is counted in
     /// tokentap.metrics.attribute_overflow).
-    #[arg(long, value_name = "N", default_value_t = 64,
+    #[arg(help_heading = "Limits", long, value_name = "N", default_value_t = 64,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     #[serde(deserialize_with = "checked::at_least_one")]
     pub max_models: usize,
@@ -152,14 +156,14 @@ pub struct RunFlags {
     /// one present wins; any case). Without one, or when none is present,
     /// the tenant is the OpenAI `user` field of the body. No other header
     /// value is kept.
-    #[arg(long = "tenant-header", value_name = "NAME")]
+    #[arg(help_heading = "Identity", long = "tenant-header", value_name = "NAME")]
     #[serde(rename = "tenant-header", deserialize_with = "checked::one_or_many")]
     pub tenant_headers: Vec<String>,
     /// Distinct tenants, and separately distinct callers (peer IPs), used
     /// as metric attribute values; later ones are exported as "other"
     /// (counted in tokentap.metrics.attribute_overflow). The request log
     /// keeps every value.
-    #[arg(long, value_name = "N", default_value_t = 100,
+    #[arg(help_heading = "Limits", long, value_name = "N", default_value_t = 100,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     #[serde(deserialize_with = "checked::at_least_one")]
     pub max_tenants: usize,
@@ -175,37 +179,42 @@ pub struct RunFlags {
     /// ring buffer is over a quarter full). Bytes, or with a KiB/MiB/GiB suffix; at
     /// least 1MiB. The default leaves the base DaemonSet's 256 MiB limit
     /// room for the ring buffer, maps and the agent itself.
-    #[arg(long, value_name = "BYTES", default_value = "64MiB", value_parser = byte_size)]
+    #[arg(help_heading = "Limits", long, value_name = "BYTES", default_value = "64MiB", value_parser = byte_size)]
     #[serde(deserialize_with = "checked::byte_size")]
     pub max_decode_memory: u64,
     /// Key for `api_key_id` (HMAC-SHA256 of the request's API key; the key
     /// itself is never kept): the bytes of this file. Default: a random
     /// key made on first use in /var/lib/tokentap/api-key-salt (mode 0600);
     /// give the same file to every agent for ids that agree across nodes.
-    #[arg(long, value_name = "PATH")]
+    #[arg(help_heading = "Identity", long, value_name = "PATH")]
     pub api_key_salt_file: Option<PathBuf>,
     /// Do not scrape the engines' own Prometheus metrics (KV-cache use,
     /// queued and running requests; scraped at each export interval from
     /// each captured engine's port, when OTLP export is on).
-    #[arg(long)]
+    #[arg(help_heading = "Engines and GPUs", long)]
     pub no_engine_metrics: bool,
     /// Do not ask engines' own info endpoints (vLLM /version, TGI /info,
     /// llama.cpp /props, …: one GET per engine process, from inside its
     /// network namespace). Without them `engine_version` comes from the
     /// engine's installed package metadata only, and the serving
     /// configuration from its command line only.
-    #[arg(long)]
+    #[arg(help_heading = "Engines and GPUs", long)]
     pub no_engine_info: bool,
     /// Do not sample GPUs (NVML).
-    #[arg(long)]
+    #[arg(help_heading = "Engines and GPUs", long)]
     pub no_gpu: bool,
     /// Seconds between GPU samples, at least 0.1 (fractional; also the
     /// granularity of per-request GPU utilisation and energy).
-    #[arg(long, value_name = "SECS", default_value_t = 1.0, value_parser = secs_at_least_tenth)]
+    #[arg(help_heading = "Engines and GPUs", long, value_name = "SECS", default_value_t = 1.0, value_parser = secs_at_least_tenth)]
     #[serde(deserialize_with = "checked::interval")]
     pub gpu_interval: f64,
     /// The NVML library to load (default: the system's libnvidia-ml.so.1).
-    #[arg(long, value_name = "PATH", env = "TOKENTAP_NVML_LIBRARY")]
+    #[arg(
+        help_heading = "Engines and GPUs",
+        long,
+        value_name = "PATH",
+        env = "TOKENTAP_NVML_LIBRARY"
+    )]
     pub nvml_library: Option<PathBuf>,
     /// Name pods from the Kubernetes API: the engine's pod name and
     /// namespace on each request (`k8s_pod_name`, `k8s_namespace`), the
@@ -214,18 +223,23 @@ pub struct RunFlags {
     /// node's pods (get/list/watch on pods; in-cluster service account or
     /// KUBECONFIG). Off by default: a Collector's `k8sattributes` processor
     /// does the same from `k8s.pod.uid` (docs/deploy.md)
-    #[arg(long)]
+    #[arg(help_heading = "Identity", long)]
     pub kube_metadata: bool,
     /// This node's name, for --kube-metadata (in a DaemonSet: NODE_NAME
     /// from the downward API, `spec.nodeName`)
-    #[arg(long, value_name = "NAME", env = "NODE_NAME")]
+    #[arg(
+        help_heading = "Identity",
+        long,
+        value_name = "NAME",
+        env = "NODE_NAME"
+    )]
     pub kube_node: Option<String>,
     /// Serve `GET /healthz` (200 while the agent's loop runs) and
     /// `GET /readyz` (200 once the eBPF programs are attached; 503 with the
     /// reason before, or when attaching failed: the agent then keeps
     /// running and retries, so a node whose kernel refuses the programs
     /// shows as not ready instead of exiting in a loop). E.g. 0.0.0.0:9477
-    #[arg(long, value_name = "HOST:PORT")]
+    #[arg(help_heading = "Running", long, value_name = "HOST:PORT")]
     pub health_addr: Option<std::net::SocketAddr>,
     #[command(flatten)]
     #[serde(flatten)]
@@ -443,30 +457,30 @@ pub struct KernelFlags {
     /// traced processes never wait. Over a quarter full, request bodies
     /// beyond their first 16 KiB stay in the kernel (their length
     /// reported), so one client's uploads cannot fill it for everyone.
-    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_RING_BYTES, value_parser = ring_bytes)]
+    #[arg(help_heading = "Limits", long, value_name = "BYTES", default_value_t = DEFAULT_RING_BYTES, value_parser = ring_bytes)]
     #[serde(deserialize_with = "checked::ring_bytes")]
     pub ring_buffer_bytes: u32,
     /// Payload bytes captured per syscall at most (the rest is counted in
     /// the event's `ret`, not captured); 1 to 1048576 (1 MiB).
-    #[arg(long, value_name = "BYTES", default_value_t = agent_ebpf::DEFAULT_MAX_CALL_BYTES,
+    #[arg(help_heading = "Limits", long, value_name = "BYTES", default_value_t = agent_ebpf::DEFAULT_MAX_CALL_BYTES,
           value_parser = clap::value_parser!(u32).range(1..=MAX_CALL_BYTES_CAP))]
     #[serde(deserialize_with = "checked::max_call_bytes")]
     pub max_call_bytes: u32,
     /// Connections tracked at once at most (≥ 1; each costs the kernel a
     /// few bytes of map space).
-    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_CONNS, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(help_heading = "Limits", long, value_name = "N", default_value_t = DEFAULT_MAX_CONNS, value_parser = clap::value_parser!(u32).range(1..))]
     #[serde(deserialize_with = "checked::at_least_one")]
     pub max_conns: u32,
     /// Do not timestamp request arrival in the kernel's TCP receive path
     /// (`tcp:tcp_probe`): t0 is then the engine's first read of a request,
     /// and time a request waits unread in the socket is not measured
     /// (`t0_source` "read", no `queue_s`).
-    #[arg(long)]
+    #[arg(help_heading = "Capture", long)]
     pub no_arrival_time: bool,
     /// Do not read TLS plaintext from OpenSSL (uprobes on `SSL_read` /
     /// `SSL_write` of every libssl the targets map): an engine serving
     /// HTTPS itself is then seen as ciphertext only and not measured.
-    #[arg(long)]
+    #[arg(help_heading = "Capture", long)]
     pub no_tls: bool,
     /// How socket reads and writes are hooked. `btf`: one BTF tracepoint
     /// program on the raw `sys_exit` tracepoint (x86_64, kernel BTF, Linux
@@ -480,7 +494,7 @@ pub struct KernelFlags {
     /// connection's read) is not seen, so the first request on such a
     /// connection is lost at start; asked for only. `auto` tries `btf` and
     /// falls back to `tracepoint`, saying why (docs/deploy.md, "Kernels").
-    #[arg(long, value_enum, value_name = "HOOKS", default_value_t = DataHooks::Auto)]
+    #[arg(help_heading = "Capture", long, value_enum, value_name = "HOOKS", default_value_t = DataHooks::Auto)]
     pub data_hooks: DataHooks,
     /// Benchmark reference only: the capture path as it was before the
     /// cheaper one (syscall-tracepoint data hooks, per-record ring reads,

@@ -241,7 +241,8 @@ impl Targeter {
         let found = cap.targets();
         let line = match &self.targeting {
             Targeting::Discover => format!(
-                "tokentap: watching for inference servers (vLLM, SGLang, TGI, llama.cpp, Ollama, Triton, LMDeploy); found {}; ready",
+                "tokentap: watching for inference servers ({}); found {}; ready",
+                crate::engines::Engine::titles(),
                 found.len()
             ),
             Targeting::Ports(ports) => {
