@@ -104,7 +104,7 @@ pub struct RequestRecord {
     /// engine's first read of it: arrival unknown — a connection open
     /// before the agent started, arrival tracing off, a replay of a capture
     /// without arrivals).
-    pub t0_source: Option<&'static str>,
+    pub t0_source: Option<crate::vocab::T0Source>,
     /// What the response's write times (the first token's, the last
     /// byte's) are: `write`
     /// (the engine's socket write: plaintext, or the ciphertext's write
@@ -112,7 +112,7 @@ pub struct RequestRecord {
     /// `SSL_write` call of an engine whose event loop sends the ciphertext
     /// itself a few microseconds later: asyncio/uvicorn's memory BIOs).
     /// `null` when nothing of a response was written.
-    pub t1_source: Option<&'static str>,
+    pub t1_source: Option<crate::vocab::T1Source>,
     /// The engine's own report of where the time went (its clocks, read
     /// from what it puts on the wire; `null` when it does not say):
     /// waiting in its scheduler (`engine_queue_s`), prompt processing up to
@@ -127,7 +127,7 @@ pub struct RequestRecord {
     pub decode_s: Option<f64>,
     pub model_load_s: Option<f64>,
     pub cached_input_tokens: Option<u64>,
-    pub stages_source: Option<&'static str>,
+    pub stages_source: Option<crate::vocab::StagesSource>,
     /// The caller's W3C trace context (`traceparent`): its trace id and
     /// span (the parent of the request's span). `null` without a valid
     /// header.
@@ -141,7 +141,7 @@ pub struct RequestRecord {
     /// engine's record also shows (one user request seen at two hops: the
     /// LLM counters, tokens and timeline count the engine's only);
     /// `engine`: that engine's record. `null` when no gateway was joined.
-    pub role: Option<&'static str>,
+    pub role: Option<crate::vocab::ServingRole>,
     /// Through a gateway that is a target too (both records carry these):
     /// the gateway's request arrival → the engine's (`gateway_s`), the
     /// engine's first content write → the gateway's (`gateway_return_s`),

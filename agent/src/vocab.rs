@@ -8,6 +8,108 @@ pub const UNKNOWN: &str = "unknown";
 /// The value unbounded attributes overflow into.
 pub const OTHER: &str = "other";
 
+/// What a record's t0 is (`t0_source`): the first request byte reaching
+/// the engine's socket (`arrival`), or the engine's first read of it
+/// (`read`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum T0Source {
+    Arrival,
+    Read,
+}
+
+/// What a record's response write times are (`t1_source`): the engine's
+/// socket write (`write`), or its `SSL_write` call when its event loop
+/// sends the ciphertext itself (`ssl_write`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum T1Source {
+    Write,
+    SslWrite,
+}
+
+/// A record's side of a gateway ↔ engine join (`role`,
+/// `tokentap.role`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ServingRole {
+    Gateway,
+    Engine,
+}
+
+impl ServingRole {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ServingRole::Gateway => "gateway",
+            ServingRole::Engine => "engine",
+        }
+    }
+}
+
+/// Which engine fields reported a request's stages (`stages_source`): a
+/// set, written as its names in one order joined by `+`
+/// (`openai_usage+vllm_metrics`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct StagesSource(u8);
+
+impl StagesSource {
+    pub const LLAMACPP_TIMINGS: Self = Self(1);
+    pub const OLLAMA: Self = Self(1 << 1);
+    pub const OPENAI_USAGE: Self = Self(1 << 2);
+    pub const TGI_HEADERS: Self = Self(1 << 3);
+    pub const VLLM_METRICS: Self = Self(1 << 4);
+    /// The names, bit by bit (the order they are written in).
+    const NAMES: [&'static str; 5] = [
+        "llamacpp_timings",
+        "ollama",
+        "openai_usage",
+        "tgi_headers",
+        "vllm_metrics",
+    ];
+
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    /// The names in the set, in their one order.
+    pub fn names(self) -> impl Iterator<Item = &'static str> {
+        (0..Self::NAMES.len())
+            .filter(move |i| self.0 & 1 << i != 0)
+            .map(|i| Self::NAMES[i])
+    }
+}
+
+impl std::ops::BitOr for StagesSource {
+    type Output = Self;
+    fn bitor(self, o: Self) -> Self {
+        Self(self.0 | o.0)
+    }
+}
+
+impl std::ops::BitOrAssign for StagesSource {
+    fn bitor_assign(&mut self, o: Self) {
+        self.0 |= o.0;
+    }
+}
+
+impl std::fmt::Display for StagesSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, n) in self.names().enumerate() {
+            if i > 0 {
+                f.write_str("+")?;
+            }
+            f.write_str(n)?;
+        }
+        Ok(())
+    }
+}
+
+impl serde::Serialize for StagesSource {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
 /// Why a request failed (`error_type` in the request log, `error.type` on
 /// metrics): written by the decoder, matched by the detectors.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -112,5 +214,26 @@ mod tests {
         }
         assert_eq!(ErrorType::Grpc(14).as_str(), "grpc_unavailable");
         assert_eq!(ErrorType::Grpc(99).as_str(), "grpc_unknown");
+    }
+
+    #[test]
+    fn closed_sets_serialise_as_the_record_wrote_them_before() {
+        fn j<T: serde::Serialize>(v: &T) -> String {
+            serde_json::to_string(v).unwrap()
+        }
+        assert_eq!(j(&super::T0Source::Arrival), "\"arrival\"");
+        assert_eq!(j(&super::T1Source::SslWrite), "\"ssl_write\"");
+        assert_eq!(j(&super::ServingRole::Gateway), "\"gateway\"");
+        use super::StagesSource as S;
+        assert_eq!(
+            j(&(S::VLLM_METRICS | S::OPENAI_USAGE)),
+            "\"openai_usage+vllm_metrics\""
+        );
+        assert_eq!(
+            (S::TGI_HEADERS | S::OLLAMA | S::OPENAI_USAGE | S::OLLAMA).to_string(),
+            "ollama+openai_usage+tgi_headers",
+            "one order whatever order they came in"
+        );
+        assert!(S::default().is_empty());
     }
 }

@@ -12,7 +12,7 @@ use crate::identity::{
     request_type::{builtin, Endpoint, Facts, Rules},
 };
 use crate::record::{rfc3339, Finished, RequestRecord};
-use crate::vocab::ErrorType;
+use crate::vocab::{ErrorType, T0Source, T1Source};
 
 fn secs(ns: u64) -> f64 {
     ns as f64 / 1e9
@@ -243,8 +243,8 @@ impl Exchange {
         // t0: the arrival of the request's first byte when the kernel
         // reported it (time unread in the socket counts), else its read.
         let (t0, t0_source, queue_s) = match self.t_arrival {
-            Some(a) if a <= self.t0_ns => (a, "arrival", Some(secs(self.t0_ns - a))),
-            _ => (self.t0_ns, "read", None),
+            Some(a) if a <= self.t0_ns => (a, T0Source::Arrival, Some(secs(self.t0_ns - a))),
+            _ => (self.t0_ns, T0Source::Read, None),
         };
         let since_t0 = |ns: u64| secs(ns.saturating_sub(t0));
         let exact_out = self.output_tokens;
@@ -353,7 +353,7 @@ impl Exchange {
             },
             t0_ns: t0,
             t0_source: Some(t0_source),
-            t1_source: self.last_response_byte_ns.map(|_| "write"),
+            t1_source: self.last_response_byte_ns.map(|_| T1Source::Write),
             engine_queue_s: us_secs(self.stages.engine_queue_us),
             prefill_s: us_secs(self.stages.prefill_us),
             decode_s: us_secs(self.stages.decode_us),

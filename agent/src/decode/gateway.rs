@@ -34,6 +34,7 @@ use serde::Serialize;
 
 use crate::event::Role;
 use crate::record::Finished;
+use crate::vocab::ServingRole;
 
 /// What a waiting record's strings (models, ids, names) are taken to hold,
 /// for the memory budget: records are not walked field by field.
@@ -436,8 +437,8 @@ fn link(g: &mut Finished, e: &mut Finished) {
     if gr.caller.is_some() {
         er.caller = gr.caller.clone();
     }
-    gr.role = Some("gateway");
-    er.role = Some("engine");
+    gr.role = Some(ServingRole::Gateway);
+    er.role = Some(ServingRole::Engine);
     for r in [&mut *gr, &mut *er] {
         r.gateway_s = Some(gateway_s);
         r.gateway_return_s = gateway_return_s;
@@ -454,6 +455,7 @@ mod tests {
     use crate::decode::Decoder;
     use crate::event::{CloseEvent, DataEvent, Dir, OpenEvent, Role, SocketEvent};
     use crate::record::Finished;
+    use crate::vocab::ServingRole;
 
     const T0: u64 = 1_700_000_000_000_000_000;
     const PROXY: u32 = 10;
@@ -571,8 +573,8 @@ mod tests {
             let (e, g) = (&out[2 * i].record, &out[2 * i + 1].record);
             assert_eq!(e.request_model.as_deref(), Some(*model));
             assert_eq!(g.request_model.as_deref(), Some(*model));
-            assert_eq!((e.pid, e.role), (ENGINE, Some("engine")));
-            assert_eq!((g.pid, g.role), (PROXY, Some("gateway")));
+            assert_eq!((e.pid, e.role), (ENGINE, Some(ServingRole::Engine)));
+            assert_eq!((g.pid, g.role), (PROXY, Some(ServingRole::Gateway)));
             for r in [e, g] {
                 // Proxy arrival (its read) → engine's read: 500 µs.
                 assert!((r.gateway_s.unwrap() - 500e-6).abs() < 1e-9, "{r:?}");
@@ -614,7 +616,12 @@ mod tests {
         assert_eq!(d.held(), 0);
         let roles: Vec<_> = out
             .iter()
-            .map(|f| (f.record.request_model.clone(), f.record.role))
+            .map(|f| {
+                (
+                    f.record.request_model.clone(),
+                    f.record.role.map(|r| r.as_str()),
+                )
+            })
             .collect();
         assert_eq!(
             roles,

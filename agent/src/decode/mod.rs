@@ -533,7 +533,7 @@ struct Conn {
 fn stamp_ssl_write(records: &mut [Finished]) {
     for f in records {
         if f.record.t1_source.is_some() {
-            f.record.t1_source = Some("ssl_write");
+            f.record.t1_source = Some(crate::vocab::T1Source::SslWrite);
         }
     }
 }
@@ -1518,11 +1518,19 @@ mod tests {
             let r = &out[0].record;
             assert_eq!(r.status, Some(200));
             assert_eq!(r.request_model.as_deref(), Some("m"));
-            assert_eq!(r.t0_source, Some("arrival"), "socket_bio {socket_bio}");
+            assert_eq!(
+                r.t0_source,
+                Some(crate::vocab::T0Source::Arrival),
+                "socket_bio {socket_bio}"
+            );
             assert_eq!(r.t0_ns, T0 + 8_000_000, "socket_bio {socket_bio}");
             assert_eq!(
                 r.t1_source,
-                Some(if socket_bio { "write" } else { "ssl_write" }),
+                Some(if socket_bio {
+                    crate::vocab::T1Source::Write
+                } else {
+                    crate::vocab::T1Source::SslWrite
+                }),
                 "socket_bio {socket_bio}"
             );
             assert_eq!(d.stats.tls, 1);
@@ -1545,7 +1553,7 @@ mod tests {
         assert_eq!(out.len(), 1, "{out:#?}");
         assert_eq!(
             out[0].record.t0_source,
-            Some("read"),
+            Some(crate::vocab::T0Source::Read),
             "no ledger on a joined connection"
         );
         assert_eq!((d.stats.tls, d.stats.desyncs), (1, 0));

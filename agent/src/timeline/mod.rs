@@ -157,7 +157,7 @@ impl Timeline {
     pub fn on_record(&mut self, f: &Finished, out: &mut Vec<Event>) {
         // A gateway's request is the engine's, seen one hop earlier: the
         // events count it once, at the engine.
-        if f.role == Some("gateway") {
+        if f.role == Some(crate::vocab::ServingRole::Gateway) {
             return;
         }
         let start = out.len();

@@ -40,6 +40,7 @@ pub(super) fn interpret(json: &[u8]) -> Option<EventInfo<'_>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::vocab::StagesSource;
 
     #[test]
     fn the_stop_event_ends_the_stream_with_counts_from_either_place() {
@@ -61,7 +62,7 @@ mod tests {
         assert_eq!(e.stages.decode_us, Some(50_500));
         assert_eq!(e.stages.cached_input_tokens, Some(3));
         assert_eq!(e.stages.engine_queue_us, None);
-        assert_eq!(e.stages.source, Some("llamacpp_timings"));
+        assert_eq!(e.stages.source, Some(StagesSource::LLAMACPP_TIMINGS));
         let e = interpret(br#"{"content":"x","stop":false}"#).unwrap();
         assert!(e.stages.is_empty());
     }

@@ -18,6 +18,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::engines::Engine;
+use crate::vocab::StagesSource;
 
 /// The API an exchange speaks, decided from the request path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -240,9 +241,8 @@ pub struct Stages {
     pub model_load_us: Option<u64>,
     /// Input tokens served from a prefix cache.
     pub cached_input_tokens: Option<u64>,
-    /// The engine field they came from (`llamacpp_timings`, `ollama`,
-    /// `tgi_headers`, `openai_usage`, `vllm_metrics`).
-    pub source: Option<&'static str>,
+    /// The engine fields they came from.
+    pub source: Option<StagesSource>,
 }
 
 impl Stages {
@@ -276,39 +276,8 @@ impl Stages {
             model_load_us,
             cached_input_tokens
         );
-        let both = source_bits(self.source) | source_bits(Some(src));
-        self.source = Some(SOURCES_JOINED[both]);
+        self.source = Some(self.source.unwrap_or_default() | src);
     }
-}
-
-/// The engine fields stages come from, in the order their names join.
-const SOURCES: [&str; 5] = [
-    "llamacpp_timings",
-    "ollama",
-    "openai_usage",
-    "tgi_headers",
-    "vllm_metrics",
-];
-
-/// Every set of [`SOURCES`] (bit i = `SOURCES[i]`), joined by `+`: built
-/// once, so a record's `stages_source` stays a `&'static str`.
-static SOURCES_JOINED: std::sync::LazyLock<Vec<&'static str>> = std::sync::LazyLock::new(|| {
-    (0..1usize << SOURCES.len())
-        .map(|m| {
-            let names: Vec<&str> = (0..SOURCES.len())
-                .filter(|i| m & 1 << i != 0)
-                .map(|i| SOURCES[i])
-                .collect();
-            &*Box::leak(names.join("+").into_boxed_str())
-        })
-        .collect()
-});
-
-fn source_bits(s: Option<&str>) -> usize {
-    let Some(s) = s else { return 0 };
-    s.split('+')
-        .filter_map(|p| SOURCES.iter().position(|n| *n == p))
-        .fold(0, |m, i| m | 1 << i)
 }
 
 /// Milliseconds (a JSON number, possibly fractional) as microseconds.
@@ -633,7 +602,7 @@ impl Timings {
             prefill_us: self.prompt_ms.0.and_then(ms_to_us),
             decode_us: self.predicted_ms.0.and_then(ms_to_us),
             cached_input_tokens: self.cache_n.0,
-            source: Some("llamacpp_timings"),
+            source: Some(StagesSource::LLAMACPP_TIMINGS),
             ..Stages::default()
         }
     }
@@ -658,7 +627,7 @@ impl VllmMetrics {
             engine_queue_us: self.queue_time_ms.0.and_then(ms_to_us),
             prefill_us: self.time_to_first_token_ms.0.and_then(ms_to_us),
             decode_us: self.generation_time_ms.0.and_then(ms_to_us),
-            source: Some("vllm_metrics"),
+            source: Some(StagesSource::VLLM_METRICS),
             ..Stages::default()
         }
     }
@@ -680,7 +649,7 @@ fn usage_into(u: &Usage, info: &mut EventInfo<'_>) {
     if cached.is_some() {
         info.stages.merge(&Stages {
             cached_input_tokens: cached,
-            source: Some("openai_usage"),
+            source: Some(StagesSource::OPENAI_USAGE),
             ..Stages::default()
         });
     }
@@ -841,26 +810,28 @@ mod tests {
 
     #[test]
     fn stage_sources_join_in_one_order_whatever_order_they_came_in() {
-        assert_eq!(SOURCES_JOINED.len(), 32);
-        assert_eq!(SOURCES_JOINED[0], "");
-        assert_eq!(SOURCES_JOINED[0b10100], "openai_usage+vllm_metrics");
-        for (m, joined) in SOURCES_JOINED.iter().enumerate() {
-            assert_eq!(
-                source_bits(Some(joined)),
-                m,
-                "{joined} reads back as its bits"
-            );
-        }
-        let s = |src: &'static str| Stages {
+        let s = |src: StagesSource| Stages {
             prefill_us: Some(1),
             source: Some(src),
             ..Stages::default()
         };
-        let mut a = s("tgi_headers");
-        a.merge(&s("openai_usage"));
-        a.merge(&s("ollama"));
-        a.merge(&s("openai_usage"));
-        assert_eq!(a.source, Some("ollama+openai_usage+tgi_headers"));
+        let mut a = s(StagesSource::TGI_HEADERS);
+        a.merge(&s(StagesSource::OPENAI_USAGE));
+        a.merge(&s(StagesSource::OLLAMA));
+        a.merge(&s(StagesSource::OPENAI_USAGE));
+        assert_eq!(
+            a.source.map(|x| x.to_string()).as_deref(),
+            Some("ollama+openai_usage+tgi_headers")
+        );
+        // A part that said nothing adds no source.
+        a.merge(&Stages {
+            source: Some(StagesSource::VLLM_METRICS),
+            ..Stages::default()
+        });
+        assert_eq!(
+            a.source,
+            Some(StagesSource::OLLAMA | StagesSource::OPENAI_USAGE | StagesSource::TGI_HEADERS)
+        );
     }
 
     #[test]

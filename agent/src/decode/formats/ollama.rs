@@ -3,6 +3,7 @@
 //! stream and carries the counts.
 
 use super::{add, openai::Delta, Content, EventInfo, Loose, Num, Stages, Text};
+use crate::vocab::StagesSource;
 
 family_event!(OllamaEvent {
     message: Option<Delta>,
@@ -41,7 +42,7 @@ pub(super) fn interpret(json: &[u8]) -> Option<EventInfo<'_>> {
             model_load_us: us(&o.load_duration),
             prefill_us: us(&o.prompt_eval_duration),
             decode_us: us(&o.eval_duration),
-            source: Some("ollama"),
+            source: Some(StagesSource::OLLAMA),
             ..Stages::default()
         });
     }
@@ -78,6 +79,6 @@ mod tests {
         assert_eq!(e.stages.model_load_us, Some(5_025));
         assert_eq!(e.stages.prefill_us, Some(325_953));
         assert_eq!(e.stages.decode_us, Some(4_709_213));
-        assert_eq!(e.stages.source, Some("ollama"));
+        assert_eq!(e.stages.source, Some(StagesSource::OLLAMA));
     }
 }

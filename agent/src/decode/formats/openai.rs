@@ -436,6 +436,7 @@ pub(super) fn interpret_responses(json: &[u8]) -> Option<EventInfo<'_>> {
 mod tests {
     use super::super::interpret as interpret_any;
     use super::*;
+    use crate::vocab::StagesSource;
 
     #[test]
     fn role_only_and_empty_chunks_are_not_content() {
@@ -467,7 +468,10 @@ mod tests {
         assert_eq!(e.stages.prefill_us, Some(85_200));
         assert_eq!(e.stages.decode_us, Some(1_240_500));
         assert_eq!(e.stages.cached_input_tokens, Some(32));
-        assert_eq!(e.stages.source, Some("openai_usage+vllm_metrics"));
+        assert_eq!(
+            e.stages.source,
+            Some(StagesSource::OPENAI_USAGE | StagesSource::VLLM_METRICS)
+        );
         assert_eq!(e.output_tokens, Some(128));
         // A whole completion, and a Responses API final event.
         let e = interpret_any(
@@ -489,7 +493,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(e.stages.prefill_us, Some(7_500));
-        assert_eq!(e.stages.source, Some("vllm_metrics"));
+        assert_eq!(e.stages.source, Some(StagesSource::VLLM_METRICS));
         // All null (the timing data was not available), or suppressed (n > 1).
         for json in [
             &br#"{"choices":[],"usage":{"completion_tokens":2},"metrics":{"time_to_first_token_ms":null,"generation_time_ms":null,"queue_time_ms":null}}"#[..],
@@ -568,7 +572,10 @@ mod tests {
         assert_eq!(e.stages.prefill_us, Some(3_210));
         assert_eq!(e.stages.decode_us, Some(41_020));
         assert_eq!(e.stages.cached_input_tokens, Some(5));
-        assert_eq!(e.stages.source, Some("llamacpp_timings+openai_usage"));
+        assert_eq!(
+            e.stages.source,
+            Some(StagesSource::LLAMACPP_TIMINGS | StagesSource::OPENAI_USAGE)
+        );
         // vLLM/OpenAI: cached tokens only.
         let e = interpret_any(
             Format::OpenAiCompletions,
@@ -578,7 +585,7 @@ mod tests {
         assert_eq!(e.stages.cached_input_tokens, Some(16));
         assert_eq!(
             (e.stages.prefill_us, e.stages.source),
-            (None, Some("openai_usage"))
+            (None, Some(StagesSource::OPENAI_USAGE))
         );
         // Responses API.
         let e = interpret_responses(br#"{"type":"response.completed","response":{"model":"m","status":"completed","usage":{"input_tokens":5,"output_tokens":7,"input_tokens_details":{"cached_tokens":4}}}}"#).unwrap();

@@ -5,6 +5,7 @@
 use serde::Deserialize;
 
 use super::{add, Content, EventInfo, Loose, Num, Stages, Text};
+use crate::vocab::StagesSource;
 
 #[derive(Deserialize, Default, Debug)]
 #[serde(default)]
@@ -78,7 +79,7 @@ pub fn tgi_header_stages(header: &dyn Fn(&str) -> Option<String>) -> Stages {
     match header("x-queue-time").and_then(|v| v.trim().parse::<u64>().ok()) {
         Some(ms) => Stages {
             engine_queue_us: Some(ms.saturating_mul(1000)),
-            source: Some("tgi_headers"),
+            source: Some(StagesSource::TGI_HEADERS),
             ..Stages::default()
         },
         None => Stages::default(),
@@ -99,7 +100,7 @@ mod header_tests {
         let s = tgi_header_stages(&h);
         assert_eq!(s.engine_queue_us, Some(12_000));
         assert_eq!((s.prefill_us, s.decode_us), (None, None));
-        assert_eq!(s.source, Some("tgi_headers"));
+        assert_eq!(s.source, Some(StagesSource::TGI_HEADERS));
         assert!(tgi_header_stages(&|_| None).is_empty());
         assert!(tgi_header_stages(&|_| Some("soon".into())).is_empty());
     }

@@ -248,7 +248,7 @@ impl RequestInstruments {
         // A gateway's request is the engine's request seen one hop
         // earlier: its latencies are its own (`tokentap.role` = `gateway`),
         // but the request and its tokens are counted once, at the engine.
-        let counted = r.role != Some("gateway");
+        let counted = r.role != Some(crate::vocab::ServingRole::Gateway);
         if counted {
             self.requests.add(1, attrs);
         }
@@ -493,7 +493,7 @@ impl AttributeMap {
         // Only on requests seen at two hops (a gateway joined): `gateway`
         // or `engine` (bounded).
         if let Some(role) = r.role {
-            attrs.push(KeyValue::new("tokentap.role", role));
+            attrs.push(KeyValue::new("tokentap.role", role.as_str()));
         }
         attrs
     }

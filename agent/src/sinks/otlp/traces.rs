@@ -286,8 +286,12 @@ fn attributes(f: &Finished) -> Vec<KeyValue> {
     s("container.id", r.container_id.as_deref());
     s("k8s.pod.name", r.k8s_pod_name.as_deref());
     s("k8s.namespace.name", r.k8s_namespace.as_deref());
-    s("tokentap.stages.source", r.stages_source);
-    s("tokentap.role", r.role);
+    let stages = r.stages_source.map(|x| x.to_string());
+    s("tokentap.stages.source", stages.as_deref());
+    s(
+        "tokentap.role",
+        r.role.map(crate::vocab::ServingRole::as_str),
+    );
     s("tokentap.gateway", r.gateway.as_deref());
     if let Some(e) = &r.error_type {
         a.push(KeyValue::new("error.type", e.as_str().to_string()));
