@@ -16,7 +16,7 @@ mod util;
 
 use std::process::ExitCode;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -60,6 +60,12 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// After a deliberate change to what records say: write what the
+    /// decoder gives now as the expected records of every golden
+    /// transcript (tests/golden/*.json, their `expect`) and capture
+    /// (tests/golden/captures/*.expect.json) that differs, then print the
+    /// diff written (git diff). The other golden checks still run.
+    Bless,
     /// Install the real peers the fidelity test and benches drive (from
     /// PyPI, into tests/peers/: llama.cpp built from source, the openai SDK,
     /// Rotel, a generated tiny model). Idempotent.
@@ -169,6 +175,7 @@ fn main() -> ExitCode {
         Cmd::Test { args } => testrun::test(args),
         Cmd::Peers => peers(),
         Cmd::Fuzz { secs, targets } => fuzz::run(secs, &targets),
+        Cmd::Bless => bless(),
         Cmd::Kernels { kernels } => kernels::run(&kernels),
         Cmd::Image { tag, push, archive } => image(&tag, push, archive.as_deref()),
         Cmd::GpuCheck { secs } => gpu_check(secs),
@@ -329,4 +336,38 @@ pub fn image(tag: &str, push: bool, archive: Option<&std::path::Path>) -> Result
 pub fn peers() -> Result<()> {
     let script = util::root().join("tests/peers/install.sh");
     util::run(std::process::Command::new("bash").arg(script))
+}
+
+/// `cargo xtask bless`: the golden test with `TOKENTAP_BLESS=1`, then the
+/// diff it wrote.
+fn bless() -> Result<()> {
+    build(Profile::Dev)?;
+    util::run(
+        util::cargo()
+            .args(["test", "-p", "tokentap-tests", "--test", "golden"])
+            .env("TOKENTAP_BLESS", "1")
+            .env("TOKENTAP_EBPF_OBJ", ebpf::object_path()),
+    )
+    .context(
+        "the golden tests failed even while blessing (a check that is not an expected file)",
+    )?;
+    let golden = util::root().join("tests/golden");
+    let stat = util::output(
+        std::process::Command::new("git")
+            .current_dir(util::root())
+            .args(["diff", "--stat", "--"])
+            .arg(&golden),
+    )?;
+    if stat.trim().is_empty() {
+        println!("xtask bless: every golden already says what the decoder gives; nothing written");
+        return Ok(());
+    }
+    let diff = util::output(
+        std::process::Command::new("git")
+            .current_dir(util::root())
+            .args(["diff", "--"])
+            .arg(&golden),
+    )?;
+    println!("{diff}\n{stat}\nxtask bless: review the diff above before committing it");
+    Ok(())
 }
