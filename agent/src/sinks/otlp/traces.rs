@@ -288,10 +288,8 @@ fn attributes(f: &Finished) -> Vec<KeyValue> {
     s("k8s.namespace.name", r.k8s_namespace.as_deref());
     let stages = r.stages_source.map(|x| x.to_string());
     s("tokentap.stages.source", stages.as_deref());
-    s(
-        "tokentap.role",
-        r.role.map(crate::vocab::ServingRole::as_str),
-    );
+    let role = r.role.map(crate::vocab::ServingRole::as_str);
+    s("tokentap.role", role);
     s("tokentap.gateway", r.gateway.as_deref());
     if let Some(e) = &r.error_type {
         a.push(KeyValue::new("error.type", e.as_str().to_string()));
