@@ -46,6 +46,41 @@ impl ServingRole {
     }
 }
 
+/// Whom a timeline event is about: a request's tenant, else its caller
+/// (never both: a tenant names the caller's organisation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Subject {
+    Tenant,
+    Caller,
+}
+
+impl Subject {
+    /// The subject of a request with this tenant and caller, with its name.
+    pub fn of<'a>(tenant: Option<&'a str>, caller: Option<&'a str>) -> Option<(Subject, &'a str)> {
+        match (tenant, caller) {
+            (Some(t), _) => Some((Subject::Tenant, t)),
+            (None, Some(c)) => Some((Subject::Caller, c)),
+            (None, None) => None,
+        }
+    }
+
+    /// The metric attribute that carries it.
+    pub fn attr(self) -> &'static str {
+        match self {
+            Subject::Tenant => "tokentap.tenant",
+            Subject::Caller => "tokentap.caller",
+        }
+    }
+
+    /// `tenant NAME` / `caller NAME`, for messages.
+    pub fn who(self, name: &str) -> String {
+        match self {
+            Subject::Tenant => format!("tenant {name}"),
+            Subject::Caller => format!("caller {name}"),
+        }
+    }
+}
+
 /// Which engine fields reported a request's stages (`stages_source`): a
 /// set, written as its names in one order joined by `+`
 /// (`openai_usage+vllm_metrics`).

@@ -202,8 +202,8 @@ RESOURCE_LABELS = {
 
 # Label values the rules and queries may match, for the labels whose
 # values the agent fixes. check_source() finds each as a string literal in
-# agent/src (error types in decode/, request types in identity/, event
-# kinds in timeline/mod.rs).
+# agent/src (error types in decode/, request types in identity/; the event
+# kinds are read from their declaration).
 LABEL_VALUES = {
     "error_type": {"http_429", "http_4xx", "http_5xx", "upstream_reset", "stream_error",
                    "client_disconnect", "truncated_capture", "decode_error",
@@ -212,14 +212,24 @@ LABEL_VALUES = {
     "gen_ai_token_type": {"input", "output"},
     "tokentap_stream": {"true", "false"},
     "hw_type": {"gpu"},
-    # timeline::kind::ALL
-    "tokentap_event_kind": {"engine.start", "engine.stop", "engine.version.change",
-                            "engine.config.change", "engine.image.change", "model_version.new",
-                            "model_version.rollout", "model_version.rollback", "caller.new",
-                            "caller.surge", "caller.error_burst", "caller.retry_storm",
-                            "tokens.drift", "gpu.throttle.start", "gpu.throttle.stop",
-                            "gpu.memory.high", "events.folded"},
+    # agent/src/stage/events.rs's declaration (kind::ALL), read below
+    "tokentap_event_kind": set(),
 }
+
+
+def declared_event_kinds() -> set[str]:
+    """The event kinds agent/src/stage/events.rs declares (its `kinds!`
+    block: `NAME = "kind", Source, [...]`): the one list of them."""
+    text = (AGENT_SRC / "stage" / "events.rs").read_text()
+    block = text[text.index("kinds! {"):]
+    kinds = set(re.findall(r'^\s*[A-Z0-9_]+ = "([a-z0-9_.]+)", [A-Za-z]+, \[', block, re.M))
+    if not kinds:
+        sys.exit("lint.py: no event kinds found in agent/src/stage/events.rs")
+    return kinds
+
+
+LABEL_VALUES["tokentap_event_kind"] = declared_event_kinds()
+
 # Where one series' label has values of its own instead: the events
 # counter's error_type is a caller.error_burst's kind (timeline/callers.rs
 # ERROR_KINDS: 401 and 403 together, no other 4xx), not a request's.

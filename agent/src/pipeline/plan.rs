@@ -68,14 +68,8 @@ pub struct RunFlags {
     /// (tokentap.http.requests by route class).
     #[arg(help_heading = "Outputs", long)]
     pub log_all_requests: bool,
-    /// Append one JSON object per timeline event to PATH ("-" for stdout):
-    /// engine.start/stop, model_version.new/rollout/rollback, caller.new/
-    /// surge/error_burst/retry_storm, tokens.drift, gpu.throttle.start/stop,
-    /// gpu.memory.high (docs/metrics.md, "Timeline events"). Events are also
-    /// exported as OTLP log records and counted in tokentap.events, and the
-    /// console shows the latest. Thresholds: the config file's `[events]`
-    /// table.
-    #[arg(help_heading = "Events", long, value_name = "PATH")]
+    // The help lists the kinds from their declaration.
+    #[arg(help_heading = "Events", long, value_name = "PATH", help = events_log_help())]
     pub events_log: Option<PathBuf>,
     /// Do not show the console view.
     #[arg(help_heading = "Outputs", long)]
@@ -539,6 +533,18 @@ impl KernelFlags {
             ..CaptureOptions::default()
         }
     }
+}
+
+/// `--events-log`'s help: the kinds from their declaration
+/// (`stage::events::kind::ALL`).
+fn events_log_help() -> String {
+    format!(
+        "Append one JSON object per timeline event to PATH (\"-\" for stdout). Kinds: {} \
+         (docs/metrics.md, \"Timeline events\"). Events are also exported as OTLP log records \
+         and counted in tokentap.events, and the console shows the latest. Thresholds: the \
+         config file's `[events]` table.",
+        crate::stage::events::kind::names()
+    )
 }
 
 /// Which processes to capture.

@@ -26,10 +26,14 @@
 //! the caller's mean concurrency and TTFT p95 in the window, the node's
 //! requests in flight, and the mean GPU utilisation of its requests.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 
 use super::{kind, round4, Config, Event};
-use crate::{record::Finished, vocab::ErrorType};
+use crate::{
+    record::Finished,
+    stage::events::{Detector, RecordCx},
+    vocab::{ErrorType, Subject},
+};
 
 /// Error kinds a burst is judged on (`error.type` of the event), in the
 /// order of [`error_kind`]'s indices.
@@ -84,8 +88,7 @@ struct Context {
 }
 
 struct CallerState {
-    /// `tokentap.tenant` or `tokentap.caller`.
-    attr: &'static str,
+    subject: Subject,
     name: String,
     first_window: u64,
     last_active_window: u64,
@@ -116,10 +119,6 @@ pub struct Callers {
     next_to_close: Option<u64>,
     /// Callers not tracked (over `max_callers`).
     pub untracked: u64,
-    /// Tenants, and callers, with events of their own (at most
-    /// `named_callers` of each).
-    named_tenants: HashSet<String>,
-    named_callers: HashSet<String>,
     /// Callers beyond the named ones: the window each was first seen in
     /// (by a hash of its key; at most `max_callers`, forgotten like the
     /// named ones after a day idle).
@@ -141,21 +140,6 @@ pub(crate) fn p95(v: &mut [f64]) -> Option<f64> {
     Some(v[rank.clamp(1, v.len()) - 1])
 }
 
-fn subject(f: &Finished) -> Option<(&'static str, &str)> {
-    if let Some(t) = f.tenant.as_deref() {
-        return Some(("tokentap.tenant", t));
-    }
-    f.caller.as_deref().map(|c| ("tokentap.caller", c))
-}
-
-fn who(attr: &str, name: &str) -> String {
-    if attr == "tokentap.tenant" {
-        format!("tenant {name}")
-    } else {
-        format!("caller {name}")
-    }
-}
-
 impl Callers {
     pub fn new(cfg: &Config) -> Self {
         let window_ns = cfg.window_ns().max(1);
@@ -168,46 +152,15 @@ impl Callers {
             open: BTreeMap::new(),
             next_to_close: None,
             untracked: 0,
-            named_tenants: HashSet::new(),
-            named_callers: HashSet::new(),
             unnamed_first: HashMap::new(),
             new_unnamed: BTreeMap::new(),
             in_flight: 0,
         }
     }
 
-    /// Whether `name` gets events of its own: already named, or one of the
-    /// first `named_callers` of its attribute.
-    fn named(&mut self, attr: &'static str, name: &str) -> bool {
-        let set = if attr == "tokentap.tenant" {
-            &mut self.named_tenants
-        } else {
-            &mut self.named_callers
-        };
-        if set.contains(name) {
-            return true;
-        }
-        if set.len() < self.cfg.named_callers {
-            set.insert(name.to_string());
-            return true;
-        }
-        false
-    }
-
-    /// Whether the request's tenant (else caller) is a named one (after
-    /// [`Self::on_record`] saw it): only those get per-caller events of the
-    /// other detectors (token drift).
-    pub fn names(&self, f: &Finished) -> bool {
-        match subject(f) {
-            Some(("tokentap.tenant", n)) => self.named_tenants.contains(n),
-            Some((_, n)) => self.named_callers.contains(n),
-            None => false,
-        }
-    }
-
     /// A request of a caller beyond the named ones: counted for its
     /// window's summary when the caller is new in that window.
-    fn unnamed(&mut self, key: &str, attr: &'static str, name: &str, idx: u64) {
+    fn unnamed(&mut self, key: &str, subject: Subject, name: &str, idx: u64) {
         use std::hash::{Hash, Hasher};
         let mut h = std::collections::hash_map::DefaultHasher::new();
         key.hash(&mut h);
@@ -238,25 +191,25 @@ impl Callers {
                 .new_unnamed
                 .entry(idx)
                 .or_default()
-                .entry(who(attr, name))
+                .entry(subject.who(name))
                 .or_default() += 1;
         }
     }
 
-    pub fn on_record(&mut self, f: &Finished, end_ns: u64, out: &mut Vec<Event>) {
-        let Some((attr, name)) = subject(f) else {
+    fn on_record(&mut self, f: &Finished, cx: &RecordCx<'_>, out: &mut Vec<Event>) {
+        let Some((subject, name)) = cx.subject else {
             return;
         };
-        let key = format!("{attr}={name}");
-        let mut idx = end_ns / self.window_ns;
+        let key = format!("{}={name}", subject.attr());
+        let mut idx = cx.end_ns / self.window_ns;
         match self.next_to_close {
             // A record for a window already judged counts in the oldest
             // open one.
             Some(n) => idx = idx.max(n),
             None => self.next_to_close = Some(idx),
         }
-        if !self.callers.contains_key(&key) && !self.named(attr, name) {
-            self.unnamed(&key, attr, name, idx);
+        if !cx.named {
+            self.unnamed(&key, subject, name, idx);
             return;
         }
         let ctx = Context {
@@ -287,11 +240,11 @@ impl Callers {
                         kind::CALLER_NEW,
                         format!(
                             "{}: first request, to {}",
-                            who(attr, name),
+                            subject.who(name),
                             ctx.model.as_deref().unwrap_or("an unnamed model")
                         ),
                     )
-                    .with(attr, name)
+                    .with(subject.attr(), name)
                     .with("gen_ai.provider.name", ctx.provider.clone())
                     .with("gen_ai.request.model", ctx.model.clone())
                     .with("tokentap.model.version", ctx.model_version.clone())
@@ -301,7 +254,7 @@ impl Callers {
                 self.callers.insert(
                     key.clone(),
                     CallerState {
-                        attr,
+                        subject,
                         name: name.to_string(),
                         first_window: idx,
                         last_active_window: idx,
@@ -342,7 +295,7 @@ impl Callers {
     }
 
     /// Closes the windows that ended at least `grace_s` before `now_ns`.
-    pub fn advance(&mut self, now_ns: u64, in_flight: Option<usize>, out: &mut Vec<Event>) {
+    fn advance(&mut self, now_ns: u64, in_flight: Option<usize>, out: &mut Vec<Event>) {
         if let Some(n) = in_flight {
             self.in_flight = n;
         }
@@ -370,7 +323,7 @@ impl Callers {
     }
 
     /// Judges every window still open (end of input).
-    pub fn close_all(&mut self, out: &mut Vec<Event>) {
+    fn close_all(&mut self, out: &mut Vec<Event>) {
         let Some(mut next) = self.next_to_close else {
             return;
         };
@@ -422,6 +375,29 @@ impl Callers {
     }
 }
 
+impl Detector for Callers {
+    fn kinds(&self) -> &'static [&'static str] {
+        &[
+            kind::CALLER_NEW,
+            kind::CALLER_SURGE,
+            kind::CALLER_ERROR_BURST,
+            kind::CALLER_RETRY_STORM,
+        ]
+    }
+
+    fn record(&mut self, f: &Finished, cx: &RecordCx<'_>, out: &mut Vec<Event>) {
+        self.on_record(f, cx, out);
+    }
+
+    fn clock(&mut self, now_ns: u64, in_flight: Option<usize>, out: &mut Vec<Event>) {
+        self.advance(now_ns, in_flight, out);
+    }
+
+    fn finish(&mut self, out: &mut Vec<Event>) {
+        self.close_all(out);
+    }
+}
+
 /// A surge re-arms once a window falls below this fraction of its bound
 /// (hysteresis: a rate hovering at the bound is one episode, not many).
 const SURGE_REARM_FRACTION: f64 = 0.7;
@@ -453,7 +429,7 @@ impl Judged<'_> {
     /// `e` with the caller, its latest context and the window's evidence.
     fn state(&self, e: Event, c: &CallerState) -> Event {
         let window_s = self.cfg.window_s;
-        e.with(c.attr, c.name.as_str())
+        e.with(c.subject.attr(), c.name.as_str())
             .with("gen_ai.provider.name", c.ctx.provider.clone())
             .with("gen_ai.request.model", c.ctx.model.clone())
             .with("tokentap.model.version", c.ctx.model_version.clone())
@@ -486,7 +462,7 @@ impl Judged<'_> {
                         kind::CALLER_SURGE,
                         format!(
                             "{}: {n} requests in {window_s} s, {:.1}× its baseline of {:.1}{ttft}",
-                            who(c.attr, &c.name),
+                            c.subject.who(&c.name),
                             factor.min(FACTOR_SHOWN_MAX),
                             c.baseline
                         ),
@@ -519,7 +495,7 @@ impl Judged<'_> {
                             kind::CALLER_ERROR_BURST,
                             format!(
                                 "{}: {m} of {n} requests failed with {name} in {window_s} s",
-                                who(c.attr, &c.name)
+                                c.subject.who(&c.name)
                             ),
                         ),
                         c,
@@ -561,7 +537,7 @@ impl Judged<'_> {
                         kind::CALLER_RETRY_STORM,
                         format!(
                             "{}: {} repeated requests ({} distinct bodies, one sent {max} times) in {} s after {} failed requests",
-                            who(c.attr, &c.name),
+                            c.subject.who(&c.name),
                             w.repeats,
                             repeated.len(),
                             cfg.window_s,

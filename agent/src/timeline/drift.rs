@@ -28,7 +28,11 @@ type Held = (u64, Option<u64>, Option<u64>);
 const MAX_HELD: usize = 4096;
 
 use super::{kind, round4, Config, Event};
-use crate::record::Finished;
+use crate::{
+    record::Finished,
+    stage::events::{Detector, RecordCx},
+    vocab::Subject,
+};
 
 #[derive(Default)]
 struct Series {
@@ -128,7 +132,7 @@ impl Series {
 }
 
 struct Key {
-    attr: &'static str,
+    subject: Subject,
     name: String,
     model_version: Option<String>,
     request_type: Option<String>,
@@ -144,6 +148,16 @@ pub struct Drift {
     pub untracked: u64,
 }
 
+impl Detector for Drift {
+    fn kinds(&self) -> &'static [&'static str] {
+        &[kind::TOKENS_DRIFT]
+    }
+
+    fn record(&mut self, f: &Finished, cx: &RecordCx<'_>, out: &mut Vec<Event>) {
+        self.on_record(f, cx, out);
+    }
+}
+
 impl Drift {
     pub fn new(cfg: &Config) -> Self {
         Self {
@@ -153,17 +167,18 @@ impl Drift {
         }
     }
 
-    pub fn on_record(&mut self, f: &Finished, t: u64, out: &mut Vec<Event>) {
-        if f.error_type.is_some() {
-            return; // a failed request's sizes say nothing about the traffic
+    fn on_record(&mut self, f: &Finished, cx: &RecordCx<'_>, out: &mut Vec<Event>) {
+        if f.error_type.is_some() || !cx.named {
+            // A failed request's sizes say nothing about the traffic;
+            // callers beyond the named ones are not judged.
+            return;
         }
-        let (attr, name) = match (f.tenant.as_deref(), f.caller.as_deref()) {
-            (Some(t), _) => ("tokentap.tenant", t),
-            (None, Some(c)) => ("tokentap.caller", c),
-            (None, None) => return,
+        let Some((subject, name)) = cx.subject else {
+            return;
         };
+        let t = cx.end_ns;
         let k = (
-            format!("{attr}={name}"),
+            format!("{}={name}", subject.attr()),
             f.model_version.clone(),
             f.request_type.clone(),
         );
@@ -175,7 +190,7 @@ impl Drift {
             self.keys.insert(
                 k.clone(),
                 Key {
-                    attr,
+                    subject,
                     name: name.to_string(),
                     model_version: f.model_version.clone(),
                     request_type: f.request_type.clone(),
@@ -218,11 +233,7 @@ impl Drift {
             let win_n = series.recent.len();
             *series = Series::default();
             let up = s.p50_ratio().max(s.p95_ratio()) >= cfg.drift_ratio;
-            let who = if key.attr == "tokentap.tenant" {
-                format!("tenant {}", key.name)
-            } else {
-                format!("caller {}", key.name)
-            };
+            let who = key.subject.who(&key.name);
             out.push(
                 Event::new(
                     t,
@@ -240,7 +251,7 @@ impl Drift {
                         s.ks
                     ),
                 )
-                .with(key.attr, key.name.as_str())
+                .with(key.subject.attr(), key.name.as_str())
                 .with("tokentap.model.version", key.model_version.clone())
                 .with("tokentap.request.type", key.request_type.clone())
                 .with("gen_ai.provider.name", f.provider.clone())

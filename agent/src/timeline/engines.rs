@@ -7,7 +7,10 @@ use std::collections::{HashMap, HashSet};
 use super::{kind, round4, Config, Event};
 use crate::{
     record::Finished,
-    stage::{NodeState, ProcessInfo},
+    stage::{
+        events::{Detector, RecordCx},
+        NodeState, ProcessInfo,
+    },
 };
 
 /// The engines serving HTTP at the last tick, and what they were.
@@ -303,6 +306,40 @@ struct VersionState {
 struct ModelTrack {
     current: String,
     versions: HashMap<String, VersionState>,
+}
+
+impl Detector for Engines {
+    fn kinds(&self) -> &'static [&'static str] {
+        &[
+            kind::ENGINE_START,
+            kind::ENGINE_STOP,
+            kind::ENGINE_VERSION_CHANGE,
+            kind::ENGINE_CONFIG_CHANGE,
+            kind::ENGINE_IMAGE_CHANGE,
+        ]
+    }
+
+    fn record(&mut self, f: &Finished, cx: &RecordCx<'_>, out: &mut Vec<Event>) {
+        self.on_record(f, cx.end_ns, out);
+    }
+
+    fn tick(&mut self, now_ns: u64, node: &NodeState, out: &mut Vec<Event>) {
+        self.on_tick(now_ns, node, out);
+    }
+}
+
+impl Detector for Models {
+    fn kinds(&self) -> &'static [&'static str] {
+        &[
+            kind::MODEL_VERSION_NEW,
+            kind::MODEL_VERSION_ROLLOUT,
+            kind::MODEL_VERSION_ROLLBACK,
+        ]
+    }
+
+    fn record(&mut self, f: &Finished, cx: &RecordCx<'_>, out: &mut Vec<Event>) {
+        self.on_record(f, cx.end_ns, out);
+    }
 }
 
 /// Model versions per served model name.

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use super::{kind, round4, Config, Event};
 use crate::{
     stage::gpu::{DeviceSample, GpuSample},
-    stage::NodeState,
+    stage::{events::Detector, NodeState},
 };
 
 /// Reasons that mean the GPU is slowed against its will.
@@ -59,6 +59,20 @@ fn engines_on(d: &DeviceSample, node: &NodeState) -> Vec<String> {
     v.sort();
     v.dedup();
     v
+}
+
+impl Detector for Gpus {
+    fn kinds(&self) -> &'static [&'static str] {
+        &[
+            kind::GPU_THROTTLE_START,
+            kind::GPU_THROTTLE_STOP,
+            kind::GPU_MEMORY_HIGH,
+        ]
+    }
+
+    fn gpu_sample(&mut self, s: &GpuSample, node: &NodeState, out: &mut Vec<Event>) {
+        self.on_sample(s, node, out);
+    }
 }
 
 impl Gpus {

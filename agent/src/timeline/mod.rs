@@ -32,12 +32,18 @@ pub mod gpu;
 #[cfg(test)]
 mod tests;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 use serde_json::{Map, Value};
 
 pub use self::config::Config;
-use crate::{record::Finished, stage::gpu::GpuSample, stage::NodeState};
+use crate::{
+    record::Finished,
+    stage::events::{Detector, RecordCx},
+    stage::gpu::GpuSample,
+    stage::NodeState,
+    vocab::Subject,
+};
 
 pub use crate::stage::events::{kind, Attr, Event};
 
@@ -117,13 +123,51 @@ impl Ceiling {
     }
 }
 
+/// The tenants, and the callers, with events of their own: the first
+/// `named_callers` of each seen (the values the metrics carry by name).
+/// Only they are judged one by one (surges, bursts, storms, drift); the
+/// rest are summed up (`caller.new` summaries).
+struct Naming {
+    max: usize,
+    tenants: HashSet<String>,
+    callers: HashSet<String>,
+}
+
+impl Naming {
+    /// Whether `name` is named: already, or now, while there is room.
+    fn admit(&mut self, subject: Subject, name: &str) -> bool {
+        let set = match subject {
+            Subject::Tenant => &mut self.tenants,
+            Subject::Caller => &mut self.callers,
+        };
+        if set.contains(name) {
+            return true;
+        }
+        if set.len() < self.max {
+            set.insert(name.to_string());
+            return true;
+        }
+        false
+    }
+}
+
+/// The detectors, in the order they see each input (and so the order of
+/// their events from one input). Adding a detector: its file, and its line
+/// here.
+fn detectors(cfg: &Config) -> Vec<Box<dyn Detector>> {
+    vec![
+        Box::new(engines::Models::new(cfg)),
+        Box::new(engines::Engines::default()),
+        Box::new(callers::Callers::new(cfg)),
+        Box::new(drift::Drift::new(cfg)),
+        Box::new(gpu::Gpus::new(cfg)),
+    ]
+}
+
 /// All detectors, fed by the pipeline.
 pub struct Timeline {
-    models: engines::Models,
-    engines: engines::Engines,
-    callers: callers::Callers,
-    drift: drift::Drift,
-    gpu: gpu::Gpus,
+    detectors: Vec<Box<dyn Detector>>,
+    naming: Naming,
     /// The detectors' clock: the latest time seen (record end or tick).
     now_ns: u64,
     ceiling: Ceiling,
@@ -132,11 +176,12 @@ pub struct Timeline {
 impl Timeline {
     pub fn new(cfg: Config) -> Self {
         Self {
-            models: engines::Models::new(&cfg),
-            engines: engines::Engines::default(),
-            callers: callers::Callers::new(&cfg),
-            drift: drift::Drift::new(&cfg),
-            gpu: gpu::Gpus::new(&cfg),
+            detectors: detectors(&cfg),
+            naming: Naming {
+                max: cfg.named_callers,
+                tenants: HashSet::new(),
+                callers: HashSet::new(),
+            },
             now_ns: 0,
             ceiling: Ceiling {
                 max: cfg.max_events_per_minute,
@@ -163,12 +208,13 @@ impl Timeline {
         let start = out.len();
         let end = f.t0_ns + (f.duration_s.unwrap_or(0.0) * 1e9) as u64;
         self.advance(end, None, out);
-        self.models.on_record(f, end, out);
-        self.engines.on_record(f, end, out);
-        self.callers.on_record(f, end, out);
-        if self.callers.names(f) {
-            self.drift.on_record(f, end, out);
-        }
+        let subject = Subject::of(f.tenant.as_deref(), f.caller.as_deref());
+        let cx = RecordCx {
+            end_ns: end,
+            subject,
+            named: subject.is_some_and(|(s, n)| self.naming.admit(s, n)),
+        };
+        self.each(out, |d, out| d.record(f, &cx, out));
         self.ceiling.apply(out, start, self.now_ns);
     }
 
@@ -182,7 +228,8 @@ impl Timeline {
         out: &mut Vec<Event>,
     ) {
         let start = out.len();
-        self.engines.on_tick(now_ns.max(self.now_ns), node, out);
+        let t = now_ns.max(self.now_ns);
+        self.each(out, |d, out| d.tick(t, node, out));
         self.advance(now_ns, Some(in_flight), out);
         self.ceiling.apply(out, start, self.now_ns);
     }
@@ -190,7 +237,7 @@ impl Timeline {
     /// A GPU sample (`node` names the engines on each device).
     pub fn on_gpu_sample(&mut self, s: &GpuSample, node: &NodeState, out: &mut Vec<Event>) {
         let start = out.len();
-        self.gpu.on_sample(s, node, out);
+        self.each(out, |d, out| d.gpu_sample(s, node, out));
         self.ceiling.apply(out, start, self.now_ns);
     }
 
@@ -198,15 +245,47 @@ impl Timeline {
     /// minute folded is said.
     pub fn finish(&mut self, out: &mut Vec<Event>) {
         let start = out.len();
-        self.callers.close_all(out);
+        self.each(out, |d, out| d.finish(out));
         self.ceiling.apply(out, start, self.now_ns);
         self.ceiling.roll(u64::MAX, out);
     }
 
+    /// The clock moves to `t` (never back).
     fn advance(&mut self, t: u64, in_flight: Option<usize>, out: &mut Vec<Event>) {
         if t > self.now_ns {
             self.now_ns = t;
         }
-        self.callers.advance(self.now_ns, in_flight, out);
+        let now = self.now_ns;
+        self.each(out, |d, out| d.clock(now, in_flight, out));
     }
+
+    /// Runs `call` on every detector in order, each one's events checked
+    /// against its declaration (debug builds). The caller applies the
+    /// ceiling once to all the events of one input.
+    fn each(
+        &mut self,
+        out: &mut Vec<Event>,
+        mut call: impl FnMut(&mut dyn Detector, &mut Vec<Event>),
+    ) {
+        for d in self.detectors.iter_mut() {
+            let from = out.len();
+            call(d.as_mut(), out);
+            if cfg!(debug_assertions) {
+                for e in &out[from..] {
+                    check_declared(e, d.kinds());
+                }
+            }
+        }
+    }
+}
+
+/// Panics when a detector emits a kind it did not declare in
+/// [`Detector::kinds`] (whether the kind and its attributes are declared is
+/// checked as the event is made: `Event::new`, `Event::with`).
+fn check_declared(e: &Event, kinds: &[&str]) {
+    assert!(
+        kinds.contains(&e.kind),
+        "a detector emitted {} without declaring it in kinds()",
+        e.kind
+    );
 }

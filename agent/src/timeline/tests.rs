@@ -370,7 +370,7 @@ fn timeouts_then_retries_are_a_storm_and_growing_prompts_a_drift_of_their_own_te
 fn events_serialise_as_one_line_with_ts_kind_message_attributes() {
     let e = Event::new(T0, kind::CALLER_NEW, "tenant a: first request".into())
         .with("tokentap.tenant", "a")
-        .with("gpu_utilization", None::<f64>);
+        .with("tokentap.request.type", None::<&str>);
     let v: serde_json::Value = serde_json::to_value(&e).unwrap();
     assert_eq!(
         v,
