@@ -58,7 +58,7 @@ pub struct RequestRecord {
     pub method: String,
     pub path: String,
     pub status: Option<u16>,
-    pub operation: Option<&'static str>,
+    pub operation: Option<crate::vocab::Operation>,
     /// The engine (gen_ai.provider.name): from the API, the `Server`
     /// header, or the process's command line (an enricher). Owned: identity
     /// is known only at run time.

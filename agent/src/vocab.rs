@@ -46,6 +46,132 @@ impl ServingRole {
     }
 }
 
+/// What an LLM request asks for (`operation`, `gen_ai.operation.name`),
+/// by the API its path names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Operation {
+    Chat,
+    TextCompletion,
+    Embeddings,
+    Responses,
+    Generate,
+}
+
+impl Operation {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Operation::Chat => "chat",
+            Operation::TextCompletion => "text_completion",
+            Operation::Embeddings => "embeddings",
+            Operation::Responses => "responses",
+            Operation::Generate => "generate",
+        }
+    }
+}
+
+/// What the decoder's memory budget took back (`tokentap.decode.shed`'s
+/// `reason`; docs/metrics.md, "Bounds", has the order it is taken in).
+/// Variants in the order of their names (maps of them serialise sorted).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ShedReason {
+    /// The gateway join's waiting records, released unjoined.
+    GatewayHeld,
+    /// A connection's requests in flight, ended as `truncated_capture`.
+    InFlight,
+    /// An idle connection's unfinished head or header block.
+    PartialHead,
+    /// A non-streamed response body not read (its tokens unknown).
+    ResponseBody,
+    /// A stream event being assembled.
+    StreamEvent,
+}
+
+impl ShedReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ShedReason::ResponseBody => "response_body",
+            ShedReason::StreamEvent => "stream_event",
+            ShedReason::GatewayHeld => "gateway_held",
+            ShedReason::PartialHead => "partial_head",
+            ShedReason::InFlight => "in_flight",
+        }
+    }
+}
+
+/// Why gRPC messages were not read (`tokentap.decode.grpc.skipped`'s
+/// `reason`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum GrpcSkip {
+    UnsupportedCompression,
+    Oversized,
+    BadMessage,
+    Unrecognised,
+    OrphanResponse,
+}
+
+impl GrpcSkip {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GrpcSkip::UnsupportedCompression => "unsupported_compression",
+            GrpcSkip::Oversized => "oversized",
+            GrpcSkip::BadMessage => "bad_message",
+            GrpcSkip::Unrecognised => "unrecognised",
+            GrpcSkip::OrphanResponse => "orphan_response",
+        }
+    }
+}
+
+/// Why a target's TLS is not read (`tokentap.tls.attach_failures`'s
+/// `reason`): a stack tokentap cannot read, or what went wrong attaching.
+/// Variants in the order of their names (maps of them serialise sorted).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TlsRefusal {
+    /// A uprobe did not attach.
+    Attach,
+    Boringssl,
+    Gnutls,
+    Go,
+    Java,
+    /// The TLS programs did not load.
+    Load,
+    /// Memory BIOs' probes did not attach (socket BIOs still work).
+    MemoryBio,
+    /// The kernel refuses uprobes without CAP_SYS_ADMIN.
+    Permission,
+    Rustls,
+    /// A symbol the probes need is not in the library.
+    SymbolMissing,
+    /// The library file could not be read.
+    Unreadable,
+}
+
+impl TlsRefusal {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TlsRefusal::Attach => "attach",
+            TlsRefusal::Boringssl => "boringssl",
+            TlsRefusal::Gnutls => "gnutls",
+            TlsRefusal::Go => "go",
+            TlsRefusal::Java => "java",
+            TlsRefusal::Load => "load",
+            TlsRefusal::MemoryBio => "memory_bio",
+            TlsRefusal::Permission => "permission",
+            TlsRefusal::Rustls => "rustls",
+            TlsRefusal::SymbolMissing => "symbol_missing",
+            TlsRefusal::Unreadable => "unreadable",
+        }
+    }
+}
+
+impl std::fmt::Display for TlsRefusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// Whom a timeline event is about: a request's tenant, else its caller
 /// (never both: a tenant names the caller's organisation).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -79,7 +79,7 @@ INSTRUMENTS: dict[str, tuple[str, str]] = {
     # event, by kind
     "tokentap.events": ("counter", "{event}"),
     "tokentap.events.folded": ("counter", "{event}"),
-    # agent/src/sinks/otlp/mod.rs: the agent's health
+    # agent/src/stage/health.rs: the agent's health (INSTRUMENTS)
     "tokentap.capture.events": ("counter", "{event}"),
     "tokentap.capture.dropped": ("counter", "{record}"),
     "tokentap.capture.bodies_left": ("counter", "{call}"),
@@ -450,7 +450,7 @@ def check_source(errors: list[str]) -> None:
         path, pos = where[0]
         text = sources[path]
         before = text[max(0, pos - 80):pos]
-        if re.search(r"(?:_histogram|_counter|_gauge)\(\s*$", before) or re.search(r"\b(?:h|gauge|updown|obs_u64)\(\s*$", before) or re.search(r"\(\s*\n\s*$", before):
+        if re.search(r"(?:_histogram|_counter|_gauge)\(\s*$", before) or re.search(r"\b(?:h|gauge|updown|obs_u64|counter|counter_by_reason)\(\s*$", before) or re.search(r"\(\s*\n\s*$", before):
             errors.append(f"source: {path.relative_to(REPO)} builds instrument {name}, which deploy/prometheus/lint.py's table lacks")
 
 
@@ -463,6 +463,11 @@ def _helper_kind_unit(text: str, helper: str | None, after: str, otel: str):
         # A tuple in an array iterated by one builder (engine gauges).
         builder = re.search(r"for \(name, unit, desc, pick\) in gauges.*?\.(?:u64|f64|i64)_(\w+)\(name\)", text, re.S)
         return (BUILDER_KINDS.get(builder.group(1)) if builder else None, next_literal)
+    # A row of a table built by a `const fn` (stage/health.rs's INSTRUMENTS:
+    # `counter("name", "unit", ...)`): the function fixes the kind.
+    table_fn = re.search(rf"const fn {re.escape(helper)}\(.*?kind: HealthKind::(\w+)", text, re.S)
+    if table_fn:
+        return ({"Counter": "counter", "Gauge": "gauge", "UpDown": "updown"}.get(table_fn.group(1)), next_literal)
     definition = re.search(rf"let {re.escape(helper)}\s*=\s*\|[^|]*\|.*?\.(?:u64|f64|i64)_(\w+)\(name\)(.*?)\.build\(\)", text, re.S)
     if not definition:
         # The tuple form: `(\n "name", "unit", ...)`, helper is None above;

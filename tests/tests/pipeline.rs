@@ -167,7 +167,7 @@ fn only_requests_of_a_known_llm_operation_reach_the_llm_sinks_and_the_rest_are_c
         ["/v1/chat/completions"],
         "only the LLM request reaches the sinks"
     );
-    assert_eq!(got[0].record.operation, Some("chat"));
+    assert_eq!(got[0].record.operation, Some(tokentap::vocab::Operation::Chat));
     let others = sink.1.lock().unwrap().clone();
     let want: Vec<(String, RouteClass)> = [
         ("GET /metrics", RouteClass::Metrics),

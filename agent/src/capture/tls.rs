@@ -27,6 +27,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
+use crate::vocab::TlsRefusal;
 use anyhow::{Context, Result};
 use aya::{
     maps::Array,
@@ -68,20 +69,20 @@ pub fn is_libcrypto(path: &str) -> bool {
 
 /// TLS stacks the source cannot read, told from a process's maps (and its
 /// executable's name): said once per process, counted by stack.
-pub fn unsupported_stack(maps: &str) -> Option<&'static str> {
+pub fn unsupported_stack(maps: &str) -> Option<TlsRefusal> {
     let names = maps
         .lines()
         .filter_map(|l| l.split_whitespace().nth(5))
         .map(|p| p.rsplit('/').next().unwrap_or(p));
     for n in names {
         if n.starts_with("libjvm.so") {
-            return Some("java");
+            return Some(TlsRefusal::Java);
         }
         if n.contains("boringssl") || n.starts_with("libssl-") && n.contains("boring") {
-            return Some("boringssl");
+            return Some(TlsRefusal::Boringssl);
         }
         if n.starts_with("libgnutls.so") {
-            return Some("gnutls");
+            return Some(TlsRefusal::Gnutls);
         }
     }
     None
@@ -141,7 +142,7 @@ pub struct TlsStats {
     /// Processes with probes now.
     pub processes: u64,
     /// Processes not attached, by reason.
-    pub attach_failures: BTreeMap<&'static str, u64>,
+    pub attach_failures: BTreeMap<TlsRefusal, u64>,
 }
 
 /// The TLS source's counters with the kernel's.
@@ -326,7 +327,7 @@ impl TlsSource {
                     self.fail(
                         pid,
                         libs.first().copied(),
-                        "unreadable",
+                        TlsRefusal::Unreadable,
                         &format!("{}: {e}", p.display()),
                     );
                     self.skipped.insert(pid, maps.len());
@@ -343,7 +344,12 @@ impl TlsSource {
             Ok((links, memory_bios)) => {
                 if let Err(e) = self.switch_on(ebpf) {
                     detach(ebpf, links);
-                    self.fail(pid, libs.first().copied(), "load", &format!("{e:#}"));
+                    self.fail(
+                        pid,
+                        libs.first().copied(),
+                        TlsRefusal::Load,
+                        &format!("{e:#}"),
+                    );
                     self.skipped.insert(pid, maps.len());
                     return;
                 }
@@ -411,7 +417,11 @@ impl TlsSource {
                     Ok(id) => links.push((name, id)),
                     Err(e) => {
                         log::warn!("TLS: {symbol} not attached on {}: {e:#}", crypto.display());
-                        *self.stats.attach_failures.entry("memory_bio").or_default() += 1;
+                        *self
+                            .stats
+                            .attach_failures
+                            .entry(TlsRefusal::MemoryBio)
+                            .or_default() += 1;
                     }
                 }
             }
@@ -425,9 +435,9 @@ impl TlsSource {
         }
     }
 
-    fn fail(&mut self, pid: u32, lib: Option<(u64, u64)>, reason: &'static str, why: &str) {
+    fn fail(&mut self, pid: u32, lib: Option<(u64, u64)>, reason: TlsRefusal, why: &str) {
         *self.stats.attach_failures.entry(reason).or_default() += 1;
-        if reason == "permission" {
+        if reason == TlsRefusal::Permission {
             // The same for every process: said once.
             if !self.said_permission {
                 self.said_permission = true;
@@ -451,18 +461,14 @@ impl TlsSource {
         crypto: Option<&Path>,
     ) -> std::result::Result<
         (Vec<(&'static str, UProbeLinkId)>, bool),
-        (
-            &'static str,
-            anyhow::Error,
-            Vec<(&'static str, UProbeLinkId)>,
-        ),
+        (TlsRefusal, anyhow::Error, Vec<(&'static str, UProbeLinkId)>),
     > {
         let mut links = Vec::new();
         if let Err(e) = self.load(ebpf) {
-            return Err(("load", e, links));
+            return Err((TlsRefusal::Load, e, links));
         }
         let Some(scope) = NonZeroU32::new(pid).map(UProbeScope::OneProcess) else {
-            return Err(("attach", anyhow::anyhow!("pid 0"), links));
+            return Err((TlsRefusal::Attach, anyhow::anyhow!("pid 0"), links));
         };
         for (name, symbol) in SSL_SYMBOLS {
             match attach_one(ebpf, name, symbol, ssl, scope) {
@@ -473,11 +479,11 @@ impl TlsSource {
                 }
                 Err(e) => {
                     let reason = if refused(&e) {
-                        "permission"
+                        TlsRefusal::Permission
                     } else if format!("{e:#}").contains("symbol") {
-                        "symbol_missing"
+                        TlsRefusal::SymbolMissing
                     } else {
-                        "attach"
+                        TlsRefusal::Attach
                     };
                     return Err((reason, e.context(symbol), links));
                 }
@@ -492,7 +498,11 @@ impl TlsSource {
                     Err(e) => {
                         // Socket BIOs still work; say why memory BIOs do not.
                         log::warn!("TLS: {symbol} not attached on {}: {e:#}", crypto.display());
-                        *self.stats.attach_failures.entry("memory_bio").or_default() += 1;
+                        *self
+                            .stats
+                            .attach_failures
+                            .entry(TlsRefusal::MemoryBio)
+                            .or_default() += 1;
                         memory_bios = false;
                     }
                 }
@@ -536,10 +546,10 @@ pub enum ExeTls {
 
 impl ExeTls {
     /// The stack's name where tokentap cannot read it.
-    fn unreadable(&self) -> Option<&'static str> {
+    fn unreadable(&self) -> Option<TlsRefusal> {
         match self {
-            ExeTls::Go => Some("go"),
-            ExeTls::Rustls => Some("rustls"),
+            ExeTls::Go => Some(TlsRefusal::Go),
+            ExeTls::Rustls => Some(TlsRefusal::Rustls),
             _ => None,
         }
     }
@@ -649,8 +659,8 @@ mod tests {
     #[test]
     fn unreadable_stacks_are_named() {
         let java = "7f00-7f01 r-xp 00000000 08:01 1 /usr/lib/jvm/java-17/lib/server/libjvm.so\n";
-        assert_eq!(unsupported_stack(java), Some("java"));
+        assert_eq!(unsupported_stack(java), Some(TlsRefusal::Java));
         let gnutls = "7f00-7f01 r-xp 00000000 08:01 1 /usr/lib/x86_64-linux-gnu/libgnutls.so.30\n";
-        assert_eq!(unsupported_stack(gnutls), Some("gnutls"));
+        assert_eq!(unsupported_stack(gnutls), Some(TlsRefusal::Gnutls));
     }
 }

@@ -12,6 +12,7 @@ use super::{
     stream::{Ndjson, Sse},
     MAX_RESPONSE_BODY,
 };
+use crate::vocab::ShedReason;
 
 pub enum Body {
     Sse(Sse),
@@ -64,16 +65,16 @@ impl Body {
     /// no longer read at its end (its record keeps timing and status,
     /// tokens unknown), a stream drops the event being assembled. The
     /// reason to count, when anything was held.
-    pub fn shed(&mut self) -> Option<&'static str> {
+    pub fn shed(&mut self) -> Option<ShedReason> {
         match self {
             Body::Plain { buf, complete } => {
                 let held = buf.capacity() > 0;
                 *buf = Vec::new();
                 *complete = false;
-                held.then_some("response_body")
+                held.then_some(ShedReason::ResponseBody)
             }
-            Body::Sse(s) => s.shed().then_some("stream_event"),
-            Body::Ndjson(n) => n.shed().then_some("stream_event"),
+            Body::Sse(s) => s.shed().then_some(ShedReason::StreamEvent),
+            Body::Ndjson(n) => n.shed().then_some(ShedReason::StreamEvent),
         }
     }
 

@@ -781,7 +781,11 @@ mod tests {
         assert_eq!(engine.len(), 1, "{out:#?}");
         assert_eq!(engine[0].record.role, None, "unjoined");
         assert_eq!(d.held(), 0);
-        assert!(d.stats.shed.get("gateway_held").is_some_and(|n| *n >= 1));
+        assert!(d
+            .stats
+            .shed
+            .get(&crate::vocab::ShedReason::GatewayHeld)
+            .is_some_and(|n| *n >= 1));
         assert!(d.stats.gateway.unjoined >= 1);
     }
 

@@ -120,7 +120,7 @@ pub struct DecodeStats {
     /// decoded again from its next request, as one joined mid-way),
     /// `in_flight` (a connection with requests in flight, ended as
     /// `truncated_capture`).
-    pub shed: std::collections::BTreeMap<&'static str, u64>,
+    pub shed: std::collections::BTreeMap<crate::vocab::ShedReason, u64>,
     /// Bytes the decoder's connections held at the last call, and the
     /// most they held (accounted per call, against the budget).
     pub held_bytes: u64,
@@ -132,31 +132,36 @@ pub struct DecodeStats {
 }
 
 impl DecodeStats {
-    /// (what, reason, count) of the HTTP/2 and gRPC counters with a
-    /// reason: `dropped` (HTTP/2 connections no longer decoded),
-    /// `grpc_skipped` (gRPC messages not read) and `shed` (what the memory
-    /// budget took back).
-    pub fn protocol_counts(&self) -> Vec<(&'static str, &'static str, u64)> {
-        let mut v: Vec<_> = self
-            .http2_dropped
-            .iter()
-            .map(|(r, n)| ("dropped", *r, *n))
-            .collect();
+    /// The counters with a reason, as the health copy keeps them.
+    pub fn protocol_counts(&self) -> ProtocolCounts {
+        use crate::vocab::GrpcSkip;
         let g = &self.grpc;
-        v.extend(self.shed.iter().map(|(r, n)| ("shed", *r, *n)));
-        for (r, n) in [
-            ("unsupported_compression", g.unsupported_compression),
-            ("oversized", g.oversized),
-            ("bad_message", g.bad_messages),
-            ("unrecognised", g.unrecognised),
-            ("orphan_response", g.orphan_responses),
-        ] {
-            if n > 0 {
-                v.push(("grpc_skipped", r, n));
-            }
+        ProtocolCounts {
+            http2_dropped: self.http2_dropped.iter().map(|(r, n)| (*r, *n)).collect(),
+            shed: self.shed.iter().map(|(r, n)| (*r, *n)).collect(),
+            grpc_skipped: [
+                (GrpcSkip::UnsupportedCompression, g.unsupported_compression),
+                (GrpcSkip::Oversized, g.oversized),
+                (GrpcSkip::BadMessage, g.bad_messages),
+                (GrpcSkip::Unrecognised, g.unrecognised),
+                (GrpcSkip::OrphanResponse, g.orphan_responses),
+            ]
+            .into_iter()
+            .filter(|(_, n)| *n > 0)
+            .collect(),
         }
-        v
     }
+}
+
+/// The decoder's counters that have a reason label.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProtocolCounts {
+    /// HTTP/2 connections no longer decoded, by `http2::Drop::reason`.
+    pub http2_dropped: Vec<(&'static str, u64)>,
+    /// What the memory budget took back.
+    pub shed: Vec<(crate::vocab::ShedReason, u64)>,
+    /// gRPC messages not read.
+    pub grpc_skipped: Vec<(crate::vocab::GrpcSkip, u64)>,
 }
 
 /// What the decoder keeps of each request besides its timing and sizes:
@@ -971,7 +976,11 @@ impl Decoder {
             let n = self
                 .gateway
                 .release_waiting(records, &mut self.stats.gateway);
-            *self.stats.shed.entry("gateway_held").or_default() += n;
+            *self
+                .stats
+                .shed
+                .entry(crate::vocab::ShedReason::GatewayHeld)
+                .or_default() += n;
         }
         for in_flight in [false, true] {
             for (k, _) in &idle {
@@ -991,9 +1000,9 @@ impl Decoder {
                     continue;
                 }
                 let reason = if in_flight {
-                    "in_flight"
+                    crate::vocab::ShedReason::InFlight
                 } else {
-                    "partial_head"
+                    crate::vocab::ShedReason::PartialHead
                 };
                 *self.stats.shed.entry(reason).or_default() += 1;
                 let old = std::mem::replace(&mut c.proto, Proto::Sniffing(Sniff::new()));
@@ -1383,7 +1392,12 @@ mod tests {
             "held {most} of {budget}"
         );
         assert!(
-            d.stats.shed.get("partial_head").copied().unwrap_or(0) > 0,
+            d.stats
+                .shed
+                .get(&crate::vocab::ShedReason::PartialHead)
+                .copied()
+                .unwrap_or(0)
+                > 0,
             "{:?}",
             d.stats.shed
         );
@@ -1424,7 +1438,12 @@ mod tests {
             (Some(200), None, None)
         );
         assert!(
-            d.stats.shed.get("response_body").copied().unwrap_or(0) >= 1,
+            d.stats
+                .shed
+                .get(&crate::vocab::ShedReason::ResponseBody)
+                .copied()
+                .unwrap_or(0)
+                >= 1,
             "{:?}",
             d.stats.shed
         );

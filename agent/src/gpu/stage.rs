@@ -327,7 +327,7 @@ mod tests {
                 method: "POST".into(),
                 path: "/v1/chat/completions".into(),
                 status: Some(200),
-                operation: Some("chat"),
+                operation: Some(crate::vocab::Operation::Chat),
                 stream: true,
                 duration_s: Some(dur_s),
                 chunks: Some(events),

@@ -2,9 +2,9 @@
 //! pods — `/proc` (`procfs`: sockets, TCP tables, process trees, cgroups
 //! and containers, network namespaces), engine discovery (`discover`:
 //! which processes are inference servers listening on TCP), and the
-//! Kubernetes API's pods of this node (`kube`); and the one door into an
-//! engine's own files (`rootfs`: resolved inside its root, regular files
-//! and directories only, bounded).
+//! Kubernetes API's pods of this node (`kube`), the node's name (`node`);
+//! and the one door into an engine's own files (`rootfs`: resolved inside
+//! its root, regular files and directories only, bounded).
 //!
 //! Owns: reading those facts. Must not: import any stage or feature (it
 //! sits on the sources' floor), or hold more than the facts it returns
@@ -12,5 +12,6 @@
 
 pub mod discover;
 pub mod kube;
+pub mod node;
 pub mod procfs;
 pub mod rootfs;

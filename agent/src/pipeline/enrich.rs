@@ -124,7 +124,7 @@ mod tests {
             method: "POST".into(),
             path: "/v1/chat/completions".into(),
             status: Some(200),
-            operation: Some("chat"),
+            operation: Some(crate::vocab::Operation::Chat),
             provider: provider.map(str::to_string),
             stream: true,
             ..Default::default()

@@ -173,6 +173,14 @@ pub async fn run(plan: RunPlan) -> Result<()> {
     }
     if let Some(m) = &plan.metrics {
         pipe = pipe.sink(Box::new(Metrics::new(m, health.clone(), instruments)?));
+        if let Some(s) = crate::sinks::otlp::events::EventExport::for_collector(m, health.clone())?
+        {
+            pipe = pipe.sink(Box::new(s));
+        }
+        if let Some(s) = crate::sinks::otlp::traces::TraceExport::for_collector(m, health.clone())?
+        {
+            pipe = pipe.sink(Box::new(s));
+        }
     }
 
     let end = deadline(plan.duration);

@@ -306,7 +306,7 @@ mod tests {
             method: "POST".into(),
             path: "/v1/chat/completions".into(),
             status: Some(200),
-            operation: Some("chat"),
+            operation: Some(crate::vocab::Operation::Chat),
             provider: Some("vllm".into()),
             request_model: Some("m".into()),
             stream: true,

@@ -40,7 +40,7 @@ pub struct Health {
     pub unresolved_headers: AtomicU64,
     /// HTTP/2 connections dropped from decoding, by reason, and gRPC
     /// messages skipped, by reason (`decode::DecodeStats`).
-    pub protocol_counts: Mutex<Vec<(&'static str, &'static str, u64)>>,
+    pub protocol_counts: Mutex<crate::decode::ProtocolCounts>,
     pub connections: AtomicI64,
     pub in_flight: AtomicI64,
     /// Bytes the decoder's connections hold now, and the most they held
@@ -190,6 +190,149 @@ impl HealthSnapshot {
         s
     }
 }
+
+/// How a health instrument is exported.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HealthKind {
+    /// A monotonic count.
+    Counter,
+    /// A value now.
+    Gauge,
+    /// A value now that is a sum of up and down counts.
+    UpDown,
+}
+
+/// What a health instrument reads when the SDK collects.
+#[derive(Clone, Copy)]
+pub enum Reading {
+    One(fn(&Health) -> i64),
+    /// One value per `reason` attribute.
+    ByReason(fn(&Health) -> Vec<(&'static str, u64)>),
+}
+
+/// One of the agent's own instruments: the OTLP sink registers each on its
+/// meter. Adding a health counter: its field in [`Health`], where it is
+/// bumped or published, and its row in [`INSTRUMENTS`] (and docs/metrics.md,
+/// `deploy/prometheus/lint.py`'s table).
+pub struct HealthInstrument {
+    pub name: &'static str,
+    pub unit: &'static str,
+    pub description: &'static str,
+    pub kind: HealthKind,
+    pub read: Reading,
+}
+
+const fn counter(
+    name: &'static str,
+    unit: &'static str,
+    description: &'static str,
+    read: fn(&Health) -> i64,
+) -> HealthInstrument {
+    HealthInstrument {
+        name,
+        unit,
+        description,
+        kind: HealthKind::Counter,
+        read: Reading::One(read),
+    }
+}
+
+const fn gauge(
+    name: &'static str,
+    unit: &'static str,
+    description: &'static str,
+    read: fn(&Health) -> i64,
+) -> HealthInstrument {
+    HealthInstrument {
+        name,
+        unit,
+        description,
+        kind: HealthKind::Gauge,
+        read: Reading::One(read),
+    }
+}
+
+const fn updown(
+    name: &'static str,
+    unit: &'static str,
+    description: &'static str,
+    read: fn(&Health) -> i64,
+) -> HealthInstrument {
+    HealthInstrument {
+        name,
+        unit,
+        description,
+        kind: HealthKind::UpDown,
+        read: Reading::One(read),
+    }
+}
+
+const fn counter_by_reason(
+    name: &'static str,
+    unit: &'static str,
+    description: &'static str,
+    read: fn(&Health) -> Vec<(&'static str, u64)>,
+) -> HealthInstrument {
+    HealthInstrument {
+        name,
+        unit,
+        description,
+        kind: HealthKind::Counter,
+        read: Reading::ByReason(read),
+    }
+}
+
+fn load(a: &AtomicU64) -> i64 {
+    a.load(Relaxed) as i64
+}
+
+/// The TLS source's counters, read from the health copy.
+fn tls(h: &Health) -> crate::capture::tls::TlsCounts {
+    h.tls_source
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone()
+}
+
+fn reasons(h: &Health) -> crate::decode::ProtocolCounts {
+    h.protocol_counts
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone()
+}
+
+/// The agent's health instruments (`tokentap.*`): the one list of them.
+pub static INSTRUMENTS: &[HealthInstrument] = &[
+    counter("tokentap.capture.events", "{event}", "Socket events captured", |h| load(&h.events)),
+    counter("tokentap.capture.dropped", "{record}", "Kernel records dropped (ring buffer full)", |h| load(&h.dropped)),
+    counter("tokentap.capture.bodies_left", "{call}", "Reads of a request beyond its first 16 KiB left in the kernel while the capture was under pressure (the ring buffer filling or the decoder over --max-decode-memory): their length counted, their bytes not copied, the request's input tokens estimated", |h| load(&h.bodies_left)),
+    counter("tokentap.capture.pressure", "{episode}", "Times the capture went under pressure (ring buffer a quarter full, or the decoder over its memory budget)", |h| load(&h.pressure_episodes)),
+    counter("tokentap.decode.errors", "{error}", "Connections whose bytes stopped being HTTP", |h| load(&h.decode_errors)),
+    counter("tokentap.decode.unsupported_protocol", "{connection}", "Connections speaking a protocol the decoder does not follow (TLS, upgrades other than h2c)", |h| load(&h.unsupported_protocol)),
+    counter("tokentap.decode.tls", "{connection}", "Connections carrying TLS (ciphertext, not decoded): served ones also count in tokentap.decode.unsupported_protocol, an engine's own outgoing HTTPS only here", |h| load(&h.tls)),
+    counter("tokentap.decode.joined_mid_stream", "{connection}", "Connections found already open (agent start, a new engine): decoded from their next request on, what was in flight on them not recorded", |h| load(&h.joined)),
+    counter("tokentap.decode.http2", "{connection}", "Connections decoded as HTTP/2 (prior knowledge, or recognised by their frames when found open)", |h| load(&h.http2)),
+    counter("tokentap.decode.unresolved_headers", "{field}", "HTTP/2 header fields that named a header-table entry sent before the agent joined the connection (their values unknown)", |h| load(&h.unresolved_headers)),
+    counter("tokentap.tls.calls", "{call}", "OpenSSL SSL_read/SSL_write calls of targets whose plaintext was captured", |h| tls(h).calls as i64),
+    counter("tokentap.tls.unattributed", "{call}", "OpenSSL calls that returned plaintext on a socket tokentap could not name (no socket call inside, no memory BIO tied to one): not captured", |h| tls(h).unattributed as i64),
+    counter("tokentap.tls.bios_linked", "{bio}", "Memory BIOs (asyncio/uvicorn TLS) tied to their socket by content", |h| tls(h).bios_linked as i64),
+    gauge("tokentap.tls.processes", "{process}", "Target processes whose OpenSSL is probed now", |h| tls(h).source.processes as i64),
+    gauge("tokentap.tls.libraries", "{file}", "OpenSSL library files (device, inode) probed now", |h| tls(h).source.libraries as i64),
+    counter_by_reason("tokentap.tls.attach_failures", "{process}", "Target processes whose TLS is not read, by reason (permission: the kernel refuses uprobes without CAP_SYS_ADMIN; java, boringssl, gnutls: stacks tokentap cannot read; symbol_missing, unreadable, attach, load; memory_bio: socket BIOs only)", |h| tls(h).source.attach_failures.iter().map(|(r, n)| (r.as_str(), *n)).collect()),
+    counter("tokentap.tls.undecoded", "{connection}", "Served TLS connections that ended without plaintext (the engine's TLS is not OpenSSL, or --no-tls): their requests are not measured; also in tokentap.decode.unsupported_protocol", |h| load(&h.tls_undecoded)),
+    counter_by_reason("tokentap.decode.http2.dropped", "{connection}", "HTTP/2 connections dropped from decoding, by reason (malformed frames, HPACK errors, a header block that never ends, a gRPC length past 64 MiB, a reused stream id, too many streams); also counted in tokentap.decode.errors", |h| reasons(h).http2_dropped),
+    counter_by_reason("tokentap.files.refused", "{file}", "Engines' files (under /proc/PID/root) not read, by reason: not_regular (a FIFO, socket or device where a file was expected: never opened), oversized, no_openat2 (paths cannot be resolved inside the container: nothing read)", |_| crate::host::rootfs::refused().to_vec()),
+    counter_by_reason("tokentap.decode.shed", "{cut}", "What the decoder's memory budget (--max-decode-memory) took back, by reason: response_body (a non-streamed body not read: its tokens unknown), stream_event (a stream event being assembled), gateway_held (the gateway join's waiting records, released unjoined), partial_head (an idle connection's unfinished head or header block: decoded again from its next request), in_flight (a connection's requests ended as truncated_capture)", |h| reasons(h).shed.iter().map(|(r, n)| (r.as_str(), *n)).collect()),
+    gauge("tokentap.decode.memory", "By", "Bytes the decoder's connections hold now (parsing buffers, header tables, per-connection state), against --max-decode-memory", |h| load(&h.decode_memory)),
+    counter_by_reason("tokentap.decode.grpc.skipped", "{message}", "gRPC messages not read, by reason (unsupported_compression, oversized: read from their leading fields, bad_message, unrecognised service, orphan_response)", |h| reasons(h).grpc_skipped.iter().map(|(r, n)| (r.as_str(), *n)).collect()),
+    counter("tokentap.metrics.attribute_overflow", "{value}", "Attribute values exported as \"other\" by a cardinality cap (--max-models, --max-tenants)", |h| load(&h.attribute_overflow)),
+    counter("tokentap.self_requests", "{request}", "Requests the agent made itself (engine /metrics scrapes), not recorded as LLM requests", |h| load(&h.self_requests)),
+    counter("tokentap.events.folded", "{event}", "Timeline events over the ceiling ([events] max_events_per_minute), folded into one events.folded per minute", |h| load(&h.events_folded)),
+    counter("tokentap.engine.scrape.failures", "{scrape}", "Engine /metrics scrapes that failed (timeout, refused, HTTP or parse error)", |h| load(&h.scrape_failures)),
+    counter("tokentap.export.failures", "{export}", "OTLP exports that failed", |h| load(&h.export_failures)),
+    updown("tokentap.connections.active", "{connection}", "Connections of targets open now", |h| h.connections.load(Relaxed)),
+    updown("tokentap.requests.in_flight", "{request}", "Requests received and not yet answered (concurrency)", |h| h.in_flight.load(Relaxed)),
+];
 
 fn started() -> std::time::Instant {
     static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();

@@ -384,7 +384,7 @@ fn request_of(tenant: &str, t_ns: u64) -> Finished {
     finished(
         RequestRecord {
             tenant: Some(tenant.to_string()),
-            operation: Some("chat"),
+            operation: Some(crate::vocab::Operation::Chat),
             method: "POST".into(),
             path: "/v1/chat/completions".into(),
             status: Some(200),

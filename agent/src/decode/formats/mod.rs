@@ -18,7 +18,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::engines::Engine;
-use crate::vocab::StagesSource;
+use crate::vocab::{Operation, StagesSource};
 
 /// The API an exchange speaks, decided from the request path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -83,18 +83,18 @@ impl Format {
     }
 
     /// gen_ai.operation.name for this API.
-    pub fn operation(self) -> Option<&'static str> {
+    pub fn operation(self) -> Option<Operation> {
         Some(match self {
-            Format::OpenAiChat | Format::OllamaChat => "chat",
-            Format::OpenAiCompletions | Format::LlamaCppCompletion => "text_completion",
-            Format::OpenAiEmbeddings => "embeddings",
-            Format::OpenAiResponses => "responses",
+            Format::OpenAiChat | Format::OllamaChat => Operation::Chat,
+            Format::OpenAiCompletions | Format::LlamaCppCompletion => Operation::TextCompletion,
+            Format::OpenAiEmbeddings => Operation::Embeddings,
+            Format::OpenAiResponses => Operation::Responses,
             Format::TgiGenerate
             | Format::OllamaGenerate
             | Format::TritonGenerate
             | Format::TritonGrpc
             | Format::VllmGrpc
-            | Format::SglangGrpc => "generate",
+            | Format::SglangGrpc => Operation::Generate,
             Format::Unknown => return None,
         })
     }

@@ -113,7 +113,7 @@ impl Http1Conn {
     /// The memory budget's first cut: the response body kept for reading
     /// (or the stream event being assembled) is let go. The reason, when
     /// anything was held.
-    pub fn shed_body(&mut self) -> Option<&'static str> {
+    pub fn shed_body(&mut self) -> Option<crate::vocab::ShedReason> {
         match &mut self.resp {
             RespState::Body { body, .. } => body.shed(),
             RespState::Head(_) => None,

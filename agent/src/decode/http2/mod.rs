@@ -257,7 +257,7 @@ impl Http2Conn {
     /// The memory budget's first cut: kept response bodies and stream
     /// events being assembled are let go (see `Body::shed`). The reasons
     /// counted, one per stream that held anything.
-    pub fn shed_bodies(&mut self, counted: &mut dyn FnMut(&'static str)) {
+    pub fn shed_bodies(&mut self, counted: &mut dyn FnMut(crate::vocab::ShedReason)) {
         for s in self.streams.values_mut() {
             if let Stream::Http(h) = s {
                 if let Some(why) = h.body.as_mut().and_then(Body::shed) {

@@ -488,7 +488,7 @@ fn check_triton(out: &[Finished]) {
     assert_eq!(r1.request_model.as_deref(), Some("llm"));
     assert_eq!(r1.response_model.as_deref(), Some("llm"));
     assert_eq!(r1.provider.as_deref(), Some("triton"));
-    assert_eq!(r1.operation, Some("generate"));
+    assert_eq!(r1.operation, Some(crate::vocab::Operation::Generate));
     assert!((r1.ttft_s.unwrap() - 0.015).abs() < 1e-9, "{:?}", r1.ttft_s);
     assert_eq!(r1.output_tokens, Some(3));
     assert!((r1.tpot_s.unwrap() - 0.002).abs() < 1e-9);

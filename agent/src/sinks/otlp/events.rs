@@ -23,8 +23,12 @@ use opentelemetry_sdk::{
 };
 use serde_json::Value;
 
-use crate::stage::events::Event;
-use crate::stage::health::Health;
+use crate::record::Finished;
+use crate::sinks::otlp::{
+    exporter::{Collector, Signal},
+    MetricsConfig,
+};
+use crate::stage::{events::Event, health::Health, Sink, Tick};
 
 /// The log exporter, with failures counted in `tokentap.export.failures`
 /// and said once per outage (a Collector without a `logs` pipeline
@@ -52,6 +56,7 @@ impl<E: LogExporter> LogExporter for Counted<E> {
     }
 }
 
+/// The OTLP log sink: one log record per timeline event.
 pub struct EventExport {
     provider: SdkLoggerProvider,
     logger: SdkLogger,
@@ -71,11 +76,21 @@ fn any_value(v: &Value) -> AnyValue {
 }
 
 impl EventExport {
-    /// Needs a tokio runtime for gRPC (like the metrics exporter).
-    pub fn new(
-        collector: &crate::sinks::otlp::exporter::Collector,
-        health: Arc<Health>,
-    ) -> Result<Self> {
+    /// The sink for `cfg`'s collector (its logs endpoint); None when the
+    /// collector is named for metrics only. Needs a tokio runtime for gRPC.
+    pub fn for_collector(cfg: &MetricsConfig, health: Arc<Health>) -> Result<Option<Self>> {
+        match Collector::beside_metrics(
+            cfg,
+            Signal::Logs,
+            "timeline events are",
+            " (--events-log and tokentap.events have them all)",
+        )? {
+            Some(c) => Ok(Some(Self::new(&c, health)?)),
+            None => Ok(None),
+        }
+    }
+
+    fn new(collector: &Collector, health: Arc<Health>) -> Result<Self> {
         let (exporter, cause) = collector.log_exporter()?;
         let provider = SdkLoggerProvider::builder()
             .with_resource(crate::sinks::otlp::agent_resource(&[]))
@@ -94,7 +109,7 @@ impl EventExport {
         Ok(Self { provider, logger })
     }
 
-    pub fn emit(&self, e: &Event) {
+    fn emit(&self, e: &Event) {
         let mut r = self.logger.create_log_record();
         r.set_event_name(e.kind);
         r.set_timestamp(UNIX_EPOCH + Duration::from_nanos(e.ts_ns));
@@ -108,11 +123,32 @@ impl EventExport {
         }
         self.logger.emit(r);
     }
+}
 
-    /// Exports what is queued (blocking; call off the async workers).
-    pub fn shutdown(&self) {
-        if let Err(e) = self.provider.shutdown() {
-            eprintln!("tokentap: final OTLP export of events did not complete: {e}");
-        }
+impl Sink for EventExport {
+    /// Requests are not events.
+    fn record(&mut self, _: &Finished) -> Result<()> {
+        Ok(())
+    }
+
+    fn event(&mut self, e: &Event) -> Result<()> {
+        self.emit(e);
+        Ok(())
+    }
+
+    /// The SDK's batch processor exports on its own thread.
+    fn tick(&mut self, _: &Tick<'_>) -> Result<()> {
+        Ok(())
+    }
+
+    /// Exports what is queued: blocking, off the async workers (the gRPC
+    /// client needs them meanwhile).
+    fn shutdown(self: Box<Self>, _: &Tick<'_>) -> Result<()> {
+        tokio::task::block_in_place(move || {
+            if let Err(e) = self.provider.shutdown() {
+                eprintln!("tokentap: final OTLP export of events did not complete: {e}");
+            }
+        });
+        Ok(())
     }
 }

@@ -207,6 +207,31 @@ impl std::fmt::Debug for Collector {
 }
 
 impl Collector {
+    /// `signal`'s exporter (logs, traces) beside the metrics', from the
+    /// process environment; None, said once with `instead`, when the
+    /// collector is named for metrics only
+    /// (`OTEL_EXPORTER_OTLP_METRICS_ENDPOINT` alone): that signal has no
+    /// place to go, rather than the SDK's localhost default and failures
+    /// counted every batch.
+    pub fn beside_metrics(
+        cfg: &MetricsConfig,
+        signal: Signal,
+        what: &str,
+        instead: &str,
+    ) -> Result<Option<Collector>> {
+        let env = |k: &str| std::env::var(k).ok();
+        let metrics = Collector::resolve(cfg, Signal::Metrics, &env)?;
+        let own = Collector::resolve(cfg, signal, &env)?;
+        if own.url.is_none() && metrics.url.is_some() {
+            eprintln!(
+                "tokentap: {what} not exported over OTLP: the collector is named for metrics only (OTEL_EXPORTER_OTLP_METRICS_ENDPOINT); set OTEL_EXPORTER_OTLP_{}_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT for them{instead}",
+                signal.env()
+            );
+            return Ok(None);
+        }
+        Ok(Some(own))
+    }
+
     /// Resolves `signal`'s exporter from the flags (`cfg`) and the
     /// environment (`var`), reading the certificate files named.
     pub fn resolve(

@@ -318,12 +318,6 @@ pub struct Metrics {
     _feature_instruments: Vec<Box<dyn std::any::Any + Send>>,
     /// `tokentap.events`: timeline events by kind and subject.
     events: Counter<u64>,
-    /// The events as OTLP log records.
-    /// None: the collector was named for metrics only.
-    event_export: Option<crate::sinks::otlp::events::EventExport>,
-    /// One span per LLM request. None: the collector was named for metrics
-    /// only.
-    trace_export: Option<crate::sinks::otlp::traces::TraceExport>,
 }
 
 /// An attribute with unbounded values (model names, tenants, callers): the
@@ -442,7 +436,10 @@ impl AttributeMap {
     /// the request failed (on every instrument, TTFT and TPOT included).
     pub fn of(&mut self, r: &RequestRecord) -> Vec<KeyValue> {
         let mut attrs = vec![
-            KeyValue::new("gen_ai.operation.name", r.operation.unwrap_or(UNKNOWN)),
+            KeyValue::new(
+                "gen_ai.operation.name",
+                r.operation.map_or(UNKNOWN, |o| o.as_str()),
+            ),
             KeyValue::new(
                 "gen_ai.provider.name",
                 r.provider.clone().unwrap_or_else(|| UNKNOWN.to_string()),
@@ -511,76 +508,62 @@ fn http_method(m: &str) -> &'static str {
         .unwrap_or("_OTHER")
 }
 
-/// `host.name`: the node the agent runs on, never its own container's or
-/// pod's name (a DaemonSet pod's UTS hostname is the pod's name, new at
-/// every rollout). In order: `NODE_NAME` (the downward API's
-/// `spec.nodeName`); the host's UTS name when the agent sees the host's
-/// processes (`hostPID`) but has a UTS namespace of its own; else its own
-/// hostname (a plain binary on a host). Worked out once.
-pub fn node_name() -> String {
-    static NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    NAME.get_or_init(|| {
-        node_name_from(std::env::var("NODE_NAME").ok(), host_uts_name, own_hostname)
-    })
-    .clone()
-}
-
-/// [`node_name`]'s rule, its sources as arguments (a seam for tests).
-fn node_name_from(
-    node_env: Option<String>,
-    host: impl FnOnce() -> Option<String>,
-    own: impl FnOnce() -> String,
-) -> String {
-    node_env
-        .map(|n| n.trim().to_string())
-        .filter(|n| !n.is_empty())
-        .or_else(host)
-        .unwrap_or_else(own)
-}
-
-fn own_hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_default()
-}
-
-/// The hostname of the node's UTS namespace when it is not the agent's
-/// own (the agent in a container of a `hostPID` pod). The node's namespace
-/// is pid 1's (the node's init), or pid 2's when pid 1 cannot be looked
-/// at (kthreadd: kernel threads live in the initial namespaces; some
-/// hosts' init is closed even to root). A thread of its own enters that
-/// namespace (needs CAP_SYS_ADMIN) and asks; without the right, the
-/// node's `/etc/hostname` through `/proc/PID/root` (CAP_SYS_PTRACE). None
-/// when the namespace is the agent's own, or nothing works.
-fn host_uts_name() -> Option<String> {
-    let own = std::fs::read_link("/proc/self/ns/uts").ok()?;
-    let (pid, ns) = [1u32, 2]
-        .into_iter()
-        .find_map(|p| Some((p, std::fs::read_link(format!("/proc/{p}/ns/uts")).ok()?)))?;
-    if ns == own {
-        return None;
-    }
-    let entered = std::thread::spawn(move || -> Option<String> {
-        use std::os::fd::AsRawFd;
-        let ns = std::fs::File::open(format!("/proc/{pid}/ns/uts")).ok()?;
-        // SAFETY: setns on this short-lived thread only (a UTS namespace
-        // is per thread); the fd is valid for the call.
-        if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWUTS) } != 0 {
-            return None;
+/// The agent's health instruments (`stage::health::INSTRUMENTS`), read
+/// from `health` when the SDK collects.
+fn register_health(meter: &opentelemetry::metrics::Meter, health: &Arc<Health>) {
+    use crate::stage::health::{HealthKind, Reading, INSTRUMENTS};
+    for i in INSTRUMENTS {
+        let h = health.clone();
+        let read = i.read;
+        // The values a collection observes, with their attributes.
+        let values = move || -> Vec<(i64, Vec<KeyValue>)> {
+            match read {
+                Reading::One(f) => vec![(f(&h), vec![])],
+                Reading::ByReason(f) => f(&h)
+                    .into_iter()
+                    .map(|(r, n)| (n as i64, vec![KeyValue::new("reason", r)]))
+                    .collect(),
+            }
+        };
+        match i.kind {
+            HealthKind::Counter => {
+                meter
+                    .u64_observable_counter(i.name)
+                    .with_unit(i.unit)
+                    .with_description(i.description)
+                    .with_callback(move |o| {
+                        for (v, a) in values() {
+                            o.observe(v.max(0) as u64, &a);
+                        }
+                    })
+                    .build();
+            }
+            HealthKind::Gauge => {
+                meter
+                    .u64_observable_gauge(i.name)
+                    .with_unit(i.unit)
+                    .with_description(i.description)
+                    .with_callback(move |o| {
+                        for (v, a) in values() {
+                            o.observe(v.max(0) as u64, &a);
+                        }
+                    })
+                    .build();
+            }
+            HealthKind::UpDown => {
+                meter
+                    .i64_observable_up_down_counter(i.name)
+                    .with_unit(i.unit)
+                    .with_description(i.description)
+                    .with_callback(move |o| {
+                        for (v, a) in values() {
+                            o.observe(v, &a);
+                        }
+                    })
+                    .build();
+            }
         }
-        Some(own_hostname()).filter(|n| !n.is_empty())
-    })
-    .join()
-    .ok()
-    .flatten();
-    entered.or_else(|| {
-        crate::host::rootfs::Root::of(std::path::Path::new("/proc"), pid)
-            .ok()?
-            .read(std::path::Path::new("/etc/hostname"), 4096)
-            .ok()
-            .map(|s| String::from_utf8_lossy(&s).trim().to_string())
-            .filter(|n| !n.is_empty())
-    })
+    }
 }
 
 /// A meter provider exporting to the configured collector, with the
@@ -639,7 +622,7 @@ pub(crate) fn agent_resource(extra: &[KeyValue]) -> Resource {
     if !named {
         res = res.with_service_name("tokentap");
     }
-    let mut attrs = vec![KeyValue::new("host.name", node_name())];
+    let mut attrs = vec![KeyValue::new("host.name", crate::host::node::node_name())];
     attrs.extend_from_slice(extra);
     if let Ok(node) = std::env::var("NODE_NAME") {
         attrs.push(KeyValue::new("k8s.node.name", node));
@@ -670,246 +653,7 @@ impl Metrics {
         let provider = build_provider(cfg, &collector, &health, &[])?;
         let meter = provider.meter("tokentap");
         let requests = RequestInstruments::new(&meter);
-        let hl = health.clone();
-        let obs_u64 =
-            |name: &'static str, unit: &'static str, desc: &'static str, f: fn(&Health) -> u64| {
-                let hl = hl.clone();
-                meter
-                    .u64_observable_counter(name)
-                    .with_unit(unit)
-                    .with_description(desc)
-                    .with_callback(move |o| o.observe(f(&hl), &[]))
-                    .build()
-            };
-        let _ = obs_u64(
-            "tokentap.capture.events",
-            "{event}",
-            "Socket events captured",
-            |h| h.events.load(Ordering::Relaxed),
-        );
-        let _ = obs_u64(
-            "tokentap.capture.dropped",
-            "{record}",
-            "Kernel records dropped (ring buffer full)",
-            |h| h.dropped.load(Ordering::Relaxed),
-        );
-        let _ = obs_u64(
-            "tokentap.capture.bodies_left",
-            "{call}",
-            "Reads of a request beyond its first 16 KiB left in the kernel while the capture was under pressure (the ring buffer filling or the decoder over --max-decode-memory): their length counted, their bytes not copied, the request's input tokens estimated",
-            |h| h.bodies_left.load(Ordering::Relaxed),
-        );
-        let _ = obs_u64(
-            "tokentap.capture.pressure",
-            "{episode}",
-            "Times the capture went under pressure (ring buffer a quarter full, or the decoder over its memory budget)",
-            |h| h.pressure_episodes.load(Ordering::Relaxed),
-        );
-        let _ = obs_u64(
-            "tokentap.decode.errors",
-            "{error}",
-            "Connections whose bytes stopped being HTTP",
-            |h| h.decode_errors.load(Ordering::Relaxed),
-        );
-        let _ = obs_u64(
-            "tokentap.decode.unsupported_protocol",
-            "{connection}",
-            "Connections speaking a protocol the decoder does not follow (TLS, upgrades other than h2c)",
-            |h| h.unsupported_protocol.load(Ordering::Relaxed),
-        );
-        let _ = obs_u64(
-            "tokentap.decode.tls",
-            "{connection}",
-            "Connections carrying TLS (ciphertext, not decoded): served ones also count in tokentap.decode.unsupported_protocol, an engine's own outgoing HTTPS only here",
-            |h| h.tls.load(Ordering::Relaxed),
-        );
-        let _ = obs_u64(
-            "tokentap.decode.joined_mid_stream",
-            "{connection}",
-            "Connections found already open (agent start, a new engine): decoded from their next request on, what was in flight on them not recorded",
-            |h| h.joined.load(Ordering::Relaxed),
-        );
-        let _ = obs_u64(
-            "tokentap.decode.http2",
-            "{connection}",
-            "Connections decoded as HTTP/2 (prior knowledge, or recognised by their frames when found open)",
-            |h| h.http2.load(Ordering::Relaxed),
-        );
-        let _ = obs_u64(
-            "tokentap.decode.unresolved_headers",
-            "{field}",
-            "HTTP/2 header fields that named a header-table entry sent before the agent joined the connection (their values unknown)",
-            |h| h.unresolved_headers.load(Ordering::Relaxed),
-        );
-        // The TLS source's counters and gauges, read from its health copy.
-        fn tls(h: &Health) -> crate::capture::tls::TlsCounts {
-            h.tls_source
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone()
-        }
-        let _ = obs_u64(
-            "tokentap.tls.calls",
-            "{call}",
-            "OpenSSL SSL_read/SSL_write calls of targets whose plaintext was captured",
-            |h| tls(h).calls,
-        );
-        let _ = obs_u64(
-            "tokentap.tls.unattributed",
-            "{call}",
-            "OpenSSL calls that returned plaintext on a socket tokentap could not name (no socket call inside, no memory BIO tied to one): not captured",
-            |h| tls(h).unattributed,
-        );
-        let _ = obs_u64(
-            "tokentap.tls.bios_linked",
-            "{bio}",
-            "Memory BIOs (asyncio/uvicorn TLS) tied to their socket by content",
-            |h| tls(h).bios_linked,
-        );
-        let gauge =
-            |name: &'static str, unit: &'static str, desc: &'static str, f: fn(&Health) -> u64| {
-                let hl = hl.clone();
-                meter
-                    .u64_observable_gauge(name)
-                    .with_unit(unit)
-                    .with_description(desc)
-                    .with_callback(move |o| o.observe(f(&hl), &[]))
-                    .build()
-            };
-        let _ = gauge(
-            "tokentap.tls.processes",
-            "{process}",
-            "Target processes whose OpenSSL is probed now",
-            |h| tls(h).source.processes,
-        );
-        let _ = gauge(
-            "tokentap.tls.libraries",
-            "{file}",
-            "OpenSSL library files (device, inode) probed now",
-            |h| tls(h).source.libraries,
-        );
-        {
-            let hl = hl.clone();
-            let _ = meter
-                .u64_observable_counter("tokentap.tls.attach_failures")
-                .with_unit("{process}")
-                .with_description("Target processes whose TLS is not read, by reason (permission: the kernel refuses uprobes without CAP_SYS_ADMIN; java, boringssl, gnutls: stacks tokentap cannot read; symbol_missing, unreadable, attach, load; memory_bio: socket BIOs only)")
-                .with_callback(move |o| {
-                    let t = hl.tls_source.lock().unwrap_or_else(|p| p.into_inner());
-                    for (r, n) in &t.source.attach_failures {
-                        o.observe(*n, &[KeyValue::new("reason", *r)]);
-                    }
-                })
-                .build();
-        }
-        let _ = obs_u64(
-            "tokentap.tls.undecoded",
-            "{connection}",
-            "Served TLS connections that ended without plaintext (the engine's TLS is not OpenSSL, or --no-tls): their requests are not measured; also in tokentap.decode.unsupported_protocol",
-            |h| h.tls_undecoded.load(Ordering::Relaxed),
-        );
-        // Counters by `reason`: (what, reason, n) rows of the health copy.
-        let by_reason =
-            |name: &'static str, unit: &'static str, what: &'static str, desc: &'static str| {
-                let hp = health.clone();
-                meter
-                    .u64_observable_counter(name)
-                    .with_unit(unit)
-                    .with_description(desc)
-                    .with_callback(move |o| {
-                        let counts = hp
-                            .protocol_counts
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .clone();
-                        for (w, reason, n) in counts {
-                            if w == what {
-                                o.observe(n, &[KeyValue::new("reason", reason)]);
-                            }
-                        }
-                    })
-                    .build()
-            };
-        let _ = by_reason(
-            "tokentap.decode.http2.dropped",
-            "{connection}",
-            "dropped",
-            "HTTP/2 connections dropped from decoding, by reason (malformed frames, HPACK errors, a header block that never ends, a gRPC length past 64 MiB, a reused stream id, too many streams); also counted in tokentap.decode.errors",
-        );
-        let _ = meter
-            .u64_observable_counter("tokentap.files.refused")
-            .with_unit("{file}")
-            .with_description("Engines' files (under /proc/PID/root) not read, by reason: not_regular (a FIFO, socket or device where a file was expected: never opened), oversized, no_openat2 (paths cannot be resolved inside the container: nothing read)")
-            .with_callback(|o| {
-                for (r, n) in crate::host::rootfs::refused() {
-                    o.observe(n, &[KeyValue::new("reason", r)]);
-                }
-            })
-            .build();
-        let _ = by_reason(
-            "tokentap.decode.shed",
-            "{cut}",
-            "shed",
-            "What the decoder's memory budget (--max-decode-memory) took back, by reason: response_body (a non-streamed body not read: its tokens unknown), stream_event (a stream event being assembled), gateway_held (the gateway join's waiting records, released unjoined), partial_head (an idle connection's unfinished head or header block: decoded again from its next request), in_flight (a connection's requests ended as truncated_capture)",
-        );
-        {
-            let hm = health.clone();
-            let _ = meter
-                .u64_observable_gauge("tokentap.decode.memory")
-                .with_unit("By")
-                .with_description("Bytes the decoder's connections hold now (parsing buffers, header tables, per-connection state), against --max-decode-memory")
-                .with_callback(move |o| o.observe(hm.decode_memory.load(Ordering::Relaxed), &[]))
-                .build();
-        }
-        let _ = by_reason(
-            "tokentap.decode.grpc.skipped",
-            "{message}",
-            "grpc_skipped",
-            "gRPC messages not read, by reason (unsupported_compression, oversized: read from their leading fields, bad_message, unrecognised service, orphan_response)",
-        );
-        let _ = obs_u64(
-            "tokentap.metrics.attribute_overflow",
-            "{value}",
-            "Attribute values exported as \"other\" by a cardinality cap (--max-models, --max-tenants)",
-            |h| h.attribute_overflow.load(Ordering::Relaxed),
-        );
-        let _ = obs_u64(
-            "tokentap.self_requests",
-            "{request}",
-            "Requests the agent made itself (engine /metrics scrapes), not recorded as LLM requests",
-            |h| h.self_requests.load(Ordering::Relaxed),
-        );
-        let _ = obs_u64(
-            "tokentap.events.folded",
-            "{event}",
-            "Timeline events over the ceiling ([events] max_events_per_minute), folded into one events.folded per minute",
-            |h| h.events_folded.load(Ordering::Relaxed),
-        );
-        let _ = obs_u64(
-            "tokentap.engine.scrape.failures",
-            "{scrape}",
-            "Engine /metrics scrapes that failed (timeout, refused, HTTP or parse error)",
-            |h| h.scrape_failures.load(Ordering::Relaxed),
-        );
-        let _ = obs_u64(
-            "tokentap.export.failures",
-            "{export}",
-            "OTLP exports that failed",
-            |h| h.export_failures.load(Ordering::Relaxed),
-        );
-        let hc = health.clone();
-        let _ = meter
-            .i64_observable_up_down_counter("tokentap.connections.active")
-            .with_unit("{connection}")
-            .with_callback(move |o| o.observe(hc.connections.load(Ordering::Relaxed), &[]))
-            .build();
-        let hi = health.clone();
-        let _ = meter
-            .i64_observable_up_down_counter("tokentap.requests.in_flight")
-            .with_unit("{request}")
-            .with_description("Requests received and not yet answered (concurrency)")
-            .with_callback(move |o| o.observe(hi.in_flight.load(Ordering::Relaxed), &[]))
-            .build();
+        register_health(&meter, &health);
         let engine_names = crate::stage::EngineNames::default();
         let feature_instruments = instruments
             .iter()
@@ -922,47 +666,8 @@ impl Metrics {
                 "Timeline events (engine, model version, caller, token drift, GPU) by kind",
             )
             .build();
-        let logs = crate::sinks::otlp::exporter::Collector::resolve(
-            cfg,
-            crate::sinks::otlp::exporter::Signal::Logs,
-            &env,
-        )?;
-        // A collector named for metrics only (OTEL_EXPORTER_OTLP_METRICS_
-        // ENDPOINT alone) has no place for the events: not exported rather
-        // than sent to the SDK's localhost default and counted as failures.
-        let event_export = if logs.url.is_none() && collector.url.is_some() {
-            eprintln!(
-                "tokentap: timeline events are not exported over OTLP: the collector is named for metrics only (OTEL_EXPORTER_OTLP_METRICS_ENDPOINT); set OTEL_EXPORTER_OTLP_LOGS_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT for them (--events-log and tokentap.events have them all)"
-            );
-            None
-        } else {
-            Some(crate::sinks::otlp::events::EventExport::new(
-                &logs,
-                health.clone(),
-            )?)
-        };
-        let traces = crate::sinks::otlp::exporter::Collector::resolve(
-            cfg,
-            crate::sinks::otlp::exporter::Signal::Traces,
-            &env,
-        )?;
-        let trace_export = if traces.url.is_none() && collector.url.is_some() {
-            eprintln!(
-                "tokentap: request spans are not exported over OTLP: the collector is named for metrics only (OTEL_EXPORTER_OTLP_METRICS_ENDPOINT); set OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT for them"
-            );
-            None
-        } else {
-            Some(crate::sinks::otlp::traces::TraceExport::new(
-                &traces,
-                health.clone(),
-                cfg.traces_sample,
-                cfg.traces_slow_ttft,
-            )?)
-        };
         Ok(Self {
             events,
-            event_export,
-            trace_export,
             _feature_instruments: feature_instruments,
             engine_names,
             provider,
@@ -990,9 +695,6 @@ impl Metrics {
         }
         let attrs = self.attrs.of(r);
         self.instruments_for(r).record(f, &attrs);
-        if let Some(t) = &self.trace_export {
-            t.record(f);
-        }
     }
 
     /// A request that is not an LLM request: `tokentap.http.requests` with
@@ -1104,18 +806,9 @@ impl Metrics {
             attrs.push(KeyValue::new("error.type", k));
         }
         self.events.add(1, &attrs);
-        if let Some(x) = &self.event_export {
-            x.emit(e);
-        }
     }
 
     pub fn shutdown(self) {
-        if let Some(x) = &self.event_export {
-            x.shutdown();
-        }
-        if let Some(x) = &self.trace_export {
-            x.shutdown();
-        }
         for p in std::iter::once(&self.provider).chain(self.containers.values().map(|(p, _)| p)) {
             if let Err(e) = p.shutdown() {
                 eprintln!("tokentap: final OTLP export did not complete: {e}");
@@ -1278,17 +971,6 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(attr(&a, "tokentap.tenant").as_str(), "tenant-3");
-    }
-
-    #[test]
-    fn the_node_name_is_node_name_then_the_hosts_uts_name_then_the_own_hostname() {
-        let host = || Some("node-7".to_string());
-        let none = || None;
-        let own = || "pod-abc".to_string();
-        assert_eq!(node_name_from(Some("node-1".into()), host, own), "node-1");
-        assert_eq!(node_name_from(Some("  ".into()), host, own), "node-7");
-        assert_eq!(node_name_from(None, host, own), "node-7");
-        assert_eq!(node_name_from(None, none, own), "pod-abc");
     }
 
     #[test]

@@ -37,7 +37,11 @@ use opentelemetry_sdk::{
 };
 
 use crate::record::Finished;
-use crate::stage::health::Health;
+use crate::sinks::otlp::{
+    exporter::{Collector, Signal},
+    MetricsConfig,
+};
+use crate::stage::{health::Health, Sink, Tick};
 
 /// The span exporter, with failures counted in `tokentap.export.failures`
 /// and said once per outage.
@@ -63,6 +67,7 @@ impl<E: SpanExporter> SpanExporter for Counted<E> {
     }
 }
 
+/// The OTLP trace sink: one span per LLM request, sampled.
 pub struct TraceExport {
     provider: SdkTracerProvider,
     tracer: SdkTracer,
@@ -148,9 +153,23 @@ fn after(t0: SystemTime, s: f64) -> SystemTime {
 }
 
 impl TraceExport {
-    /// Needs a tokio runtime for gRPC (like the metrics exporter).
-    pub fn new(
-        collector: &crate::sinks::otlp::exporter::Collector,
+    /// The sink for `cfg`'s collector (its traces endpoint, the sampling
+    /// flags); None when the collector is named for metrics only. Needs a
+    /// tokio runtime for gRPC.
+    pub fn for_collector(cfg: &MetricsConfig, health: Arc<Health>) -> Result<Option<Self>> {
+        match Collector::beside_metrics(cfg, Signal::Traces, "request spans are", "")? {
+            Some(c) => Ok(Some(Self::new(
+                &c,
+                health,
+                cfg.traces_sample,
+                cfg.traces_slow_ttft,
+            )?)),
+            None => Ok(None),
+        }
+    }
+
+    fn new(
+        collector: &Collector,
         health: Arc<Health>,
         sample: f64,
         slow_ttft: Option<f64>,
@@ -181,7 +200,7 @@ impl TraceExport {
         })
     }
 
-    pub fn record(&self, f: &Finished) {
+    fn span(&self, f: &Finished) {
         let r = &f.record;
         // The caller's trace, or (a gateway's request without one) the
         // trace its engine's record was put in.
@@ -218,7 +237,7 @@ impl TraceExport {
             )),
             None => Context::new(),
         };
-        let op = r.operation.unwrap_or("request");
+        let op = r.operation.map_or("request", |o| o.as_str());
         let model = r
             .request_model
             .as_deref()
@@ -256,12 +275,27 @@ impl TraceExport {
         }
         span.end_with_timestamp(after(t0, r.duration_s.unwrap_or(0.0)));
     }
+}
 
-    /// Exports what is queued (blocking; call off the async workers).
-    pub fn shutdown(&self) {
-        if let Err(e) = self.provider.shutdown() {
-            eprintln!("tokentap: final OTLP export of request spans did not complete: {e}");
-        }
+impl Sink for TraceExport {
+    fn record(&mut self, f: &Finished) -> Result<()> {
+        self.span(f);
+        Ok(())
+    }
+
+    /// The SDK's batch processor exports on its own thread.
+    fn tick(&mut self, _: &Tick<'_>) -> Result<()> {
+        Ok(())
+    }
+
+    /// Exports what is queued: blocking, off the async workers.
+    fn shutdown(self: Box<Self>, _: &Tick<'_>) -> Result<()> {
+        tokio::task::block_in_place(move || {
+            if let Err(e) = self.provider.shutdown() {
+                eprintln!("tokentap: final OTLP export of request spans did not complete: {e}");
+            }
+        });
+        Ok(())
     }
 }
 
@@ -274,7 +308,7 @@ fn attributes(f: &Finished) -> Vec<KeyValue> {
             a.push(KeyValue::new(k, v.to_string()));
         }
     };
-    s("gen_ai.operation.name", r.operation);
+    s("gen_ai.operation.name", r.operation.map(|o| o.as_str()));
     s("gen_ai.provider.name", r.provider.as_deref());
     s("gen_ai.request.model", r.request_model.as_deref());
     s("gen_ai.response.model", r.response_model.as_deref());
