@@ -41,6 +41,7 @@ pub fn tcp_probe(ctx: TracePointContext) -> u32 {
     }
     let family: u16 = at(&ctx, tp::FAMILY);
     let mut h = RecordHeader {
+        // SAFETY: reads the monotonic clock; no arguments, no preconditions.
         ts_ns: unsafe { bpf_ktime_get_ns() },
         ret: data_len as i64,
         fd: sport as i32,

@@ -44,6 +44,7 @@ fn save(fd: u64, addr: u64, sc: Syscall) -> u32 {
 #[inline(always)]
 fn track(id: u64, fd: i32, listen_fd: i32, addr_ptr: u64, role: u8, sc: u8) {
     let mut h = RecordHeader {
+        // SAFETY: reads the monotonic clock; no arguments, no preconditions.
         ts_ns: unsafe { bpf_ktime_get_ns() },
         ret: fd as i64,
         tgid: (id >> 32) as u32,
@@ -172,6 +173,7 @@ pub fn sys_enter_close(ctx: TracePointContext) -> u32 {
     }
     let _ = CONNS.remove(&key);
     let h = RecordHeader {
+        // SAFETY: reads the monotonic clock; no arguments, no preconditions.
         ts_ns: unsafe { bpf_ktime_get_ns() },
         tgid,
         tid: id as u32,

@@ -239,6 +239,7 @@ fn header(s: &mut crate::maps::Scratch, id: u64, p: &Pending, r: i64) {
         Some(d) => d,
         None => Direction::In,
     };
+    // SAFETY: reads the monotonic clock; no arguments, no preconditions.
     s.hdr.ts_ns = unsafe { bpf_ktime_get_ns() };
     s.hdr.ret = r;
     s.hdr.tgid = (id >> 32) as u32;

@@ -14,6 +14,9 @@
 //! (`tcp:tcp_probe`: when a request's bytes reach an engine's socket). Maps live in
 //! `maps.rs`. The object carries the record-layout version in its
 //! `tokentap_abi` section; the agent checks it before loading.
+// Map keys are passed by reference (`MAP.get(&key)`), as aya-ebpf's own
+// examples do: the key's stack slot stays explicit for the verifier.
+#![allow(clippy::needless_borrows_for_generic_args)]
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
 

@@ -40,6 +40,7 @@ pub fn sched_process_exec(_ctx: TracePointContext) -> u32 {
     let comm = bpf_get_current_comm().unwrap_or([0u8; 16]);
     let rec = ExecRecord {
         hdr: RecordHeader {
+            // SAFETY: reads the monotonic clock; no arguments, no preconditions.
             ts_ns: unsafe { bpf_ktime_get_ns() },
             tgid: (id >> 32) as u32,
             tid: id as u32,
@@ -63,6 +64,7 @@ fn on_group_end(id: u64) -> u32 {
         bump(stat::TARGETS_EXITED);
     }
     let h = RecordHeader {
+        // SAFETY: reads the monotonic clock; no arguments, no preconditions.
         ts_ns: unsafe { bpf_ktime_get_ns() },
         tgid,
         tid: id as u32,
@@ -193,6 +195,7 @@ fn on_fork(child_pid: u32) -> u32 {
     }
     bump(stat::FORKS_FOLLOWED);
     let h = RecordHeader {
+        // SAFETY: reads the monotonic clock; no arguments, no preconditions.
         ts_ns: unsafe { bpf_ktime_get_ns() },
         ret: child_pid as i64,
         tgid: (id >> 32) as u32,
@@ -235,6 +238,7 @@ pub fn fork_legacy(ctx: TracePointContext) -> u32 {
 pub fn sys_enter_listen(ctx: TracePointContext) -> u32 {
     let id = bpf_get_current_pid_tgid();
     let h = RecordHeader {
+        // SAFETY: reads the monotonic clock; no arguments, no preconditions.
         ts_ns: unsafe { bpf_ktime_get_ns() },
         tgid: (id >> 32) as u32,
         tid: id as u32,

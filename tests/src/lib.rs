@@ -726,3 +726,133 @@ pub fn interrupt(p: &mut Running, out: mpsc::Receiver<String>) -> (bool, Vec<Str
     };
     (status.success(), out.iter().collect())
 }
+
+/// `tokentap run` as a test starts it: the built binary, `run
+/// --no-console`, then what the test adds. Every test that starts the
+/// agent goes through this, so a flag every test needs (or a renamed one)
+/// changes here once.
+///
+/// ```ignore
+/// let (agent, out) = RunAgent::new().port(8000).no_gpu().requests_log(&log).start();
+/// ```
+#[derive(Clone, Debug)]
+pub struct RunAgent {
+    args: Vec<std::ffi::OsString>,
+    env: Vec<(std::ffi::OsString, Option<std::ffi::OsString>)>,
+}
+
+impl Default for RunAgent {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl RunAgent {
+    /// `tokentap run --no-console`.
+    pub fn new() -> Self {
+        Self {
+            args: vec!["run".into(), "--no-console".into()],
+            env: Vec::new(),
+        }
+    }
+
+    pub fn arg(mut self, a: impl AsRef<std::ffi::OsStr>) -> Self {
+        self.args.push(a.as_ref().to_os_string());
+        self
+    }
+
+    pub fn args<I, S>(mut self, args: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<std::ffi::OsStr>,
+    {
+        self.args
+            .extend(args.into_iter().map(|a| a.as_ref().to_os_string()));
+        self
+    }
+
+    /// `--port P`.
+    pub fn port(self, p: u16) -> Self {
+        self.args(["--port", &p.to_string()])
+    }
+
+    /// `--pid P`.
+    pub fn pid(self, p: u32) -> Self {
+        self.args(["--pid", &p.to_string()])
+    }
+
+    /// `--no-gpu`.
+    pub fn no_gpu(self) -> Self {
+        self.arg("--no-gpu")
+    }
+
+    /// `--requests-log PATH`.
+    pub fn requests_log(self, p: &Path) -> Self {
+        self.arg("--requests-log").arg(p)
+    }
+
+    /// `--events-log PATH`.
+    pub fn events_log(self, p: &Path) -> Self {
+        self.arg("--events-log").arg(p)
+    }
+
+    /// `--otlp-endpoint http://127.0.0.1:PORT --export-interval 1`.
+    pub fn otlp(self, port: u16) -> Self {
+        self.args(["--otlp-endpoint", &format!("http://127.0.0.1:{port}")])
+            .args(["--export-interval", "1"])
+    }
+
+    pub fn env(mut self, k: impl AsRef<std::ffi::OsStr>, v: impl AsRef<std::ffi::OsStr>) -> Self {
+        self.env
+            .push((k.as_ref().to_os_string(), Some(v.as_ref().to_os_string())));
+        self
+    }
+
+    pub fn env_remove(mut self, k: impl AsRef<std::ffi::OsStr>) -> Self {
+        self.env.push((k.as_ref().to_os_string(), None));
+        self
+    }
+
+    /// The arguments after the binary (for a test that runs the agent
+    /// through a wrapper: `unshare`, `ip netns exec`, `setpriv`).
+    pub fn run_args(&self) -> Vec<std::ffi::OsString> {
+        self.args.clone()
+    }
+
+    /// The whole command, not started (for `.output()`, or a test that
+    /// adds what the builder does not know).
+    pub fn command(&self) -> Command {
+        let mut c = Command::new(tokentap_bin());
+        c.args(&self.args);
+        self.apply_env(&mut c);
+        c
+    }
+
+    /// `cmd` (a wrapper) with the agent binary and its arguments appended
+    /// and the environment set.
+    pub fn wrapped(&self, mut cmd: Command) -> Command {
+        cmd.arg(tokentap_bin()).args(&self.args);
+        self.apply_env(&mut cmd);
+        cmd
+    }
+
+    fn apply_env(&self, c: &mut Command) {
+        for (k, v) in &self.env {
+            match v {
+                Some(v) => c.env(k, v),
+                None => c.env_remove(k),
+            };
+        }
+    }
+
+    /// Starts it and returns once it says it is ready (`; ready`; panics
+    /// after 90 s), with every line it prints.
+    pub fn start(&self) -> (Running, mpsc::Receiver<String>) {
+        start(&mut self.command(), "; ready", "tokentap run")
+    }
+
+    /// [`Self::start`] through a wrapper command.
+    pub fn start_wrapped(&self, cmd: Command) -> (Running, mpsc::Receiver<String>) {
+        start(&mut self.wrapped(cmd), "; ready", "tokentap run")
+    }
+}

@@ -629,16 +629,6 @@ impl Receiver {
     }
 }
 
-/// `tokentap run` on `pid` exporting to `endpoint` every second (no
-/// console, no GPU, no engine scrapes); callers add the rest.
-pub fn run_exporting(pid: u32, endpoint: &str) -> std::process::Command {
-    let mut c = std::process::Command::new(crate::tokentap_bin());
-    c.args(["run", "--pid", &pid.to_string(), "--no-console", "--no-gpu"])
-        .args(["--export-interval", "1", "--no-engine-metrics"])
-        .args(["--otlp-endpoint", endpoint]);
-    c
-}
-
 /// Every data point of sum metric `name` in the last export that has it:
 /// its attributes (key → value as text) and value, across resources.
 pub fn sum_points(

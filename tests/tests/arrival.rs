@@ -19,14 +19,13 @@ use std::{
     io::{Read, Write},
     net::TcpStream,
     path::Path,
-    process::Command,
     time::{Duration, Instant},
 };
 
 use serde_json::{json, Value};
 use tokentap_tests::{
-    assert_root, free_port, http, interrupt, now_ns, read_jsonl, scratch_dir, start, tokentap_bin,
-    Netns, Running,
+    assert_root, free_port, http, interrupt, now_ns, read_jsonl, scratch_dir, start, Netns,
+    RunAgent, Running,
 };
 
 const DELAYS_MS: [u64; 3] = [0, 20, 80];
@@ -256,17 +255,14 @@ fn agent(
     ports: &[u16],
     extra: &[&str],
 ) -> (Running, std::sync::mpsc::Receiver<String>) {
-    let mut c = Command::new(tokentap_bin());
-    c.args(["run", "--no-console", "--no-gpu"]);
-    for p in ports {
-        c.args(["--port", &p.to_string()]);
-    }
-    c.arg("--requests-log")
-        .arg(dir.join("requests.jsonl"))
+    let run = ports
+        .iter()
+        .fold(RunAgent::new().no_gpu(), |run, p| run.port(*p))
+        .requests_log(&dir.join("requests.jsonl"))
         .arg("--api-key-salt-file")
         .arg(dir.join("salt"))
         .args(extra);
-    start(&mut c, "ready", "tokentap run")
+    start(&mut run.command(), "ready", "tokentap run")
 }
 
 /// Waits until the agent has the engines (a request it records). Returns

@@ -21,14 +21,13 @@
 use std::{
     io::Write,
     net::TcpStream,
-    process::Command,
     sync::atomic::{AtomicBool, Ordering},
     time::{Duration, Instant},
 };
 
 use serde_json::{json, Value};
 use tokentap_tests::{
-    assert_root, free_port, http as h1, logged, read_jsonl, scratch_dir, start, tokentap_bin, Netns,
+    assert_root, free_port, http as h1, logged, read_jsonl, scratch_dir, start, Netns, RunAgent,
 };
 
 /// The upload's rate and each upload's body size.
@@ -183,20 +182,11 @@ fn burst_run(ns_name: &str, octet: u8, ring: Option<u32>) -> Run {
     let ns = Netns::create(ns_name, octet);
 
     // The agent first.
-    let mut cmd = Command::new(tokentap_bin());
-    cmd.args([
-        "run",
-        "--no-console",
-        "--no-gpu",
-        "--port",
-        &port.to_string(),
-    ])
-    .arg("--requests-log")
-    .arg(&log);
+    let mut run = RunAgent::new().no_gpu().port(port).requests_log(&log);
     if let Some(r) = ring {
-        cmd.arg("--ring-buffer-bytes").arg(r.to_string());
+        run = run.arg("--ring-buffer-bytes").arg(r.to_string());
     }
-    let (mut agent, agent_out) = start(&mut cmd, "ready", "tokentap run");
+    let (mut agent, agent_out) = start(&mut run.command(), "ready", "tokentap run");
     let agent_pid = agent.0.id();
     let (_engine, _engine_out) = start(
         ns.command(env!("CARGO_BIN_EXE_simengine")).args([

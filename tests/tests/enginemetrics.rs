@@ -244,8 +244,11 @@ fn an_engine_that_accepts_and_never_answers_times_out_within_the_limit() {
         .expect_err("no answer");
     let took = t.elapsed();
     assert!(matches!(err, ScrapeError::Timeout), "{err:?}");
+    // The 1 s limit, not another: at least its length, and short of
+    // twice it (a loaded 2-core machine adds scheduling delay, not a
+    // second).
     assert!(
-        took >= Duration::from_millis(900) && took < Duration::from_millis(1300),
+        took >= Duration::from_millis(900) && took < Duration::from_millis(1950),
         "timed out after {took:?}"
     );
     assert_eq!(peers.lock().unwrap().len(), 1, "it did connect");
@@ -335,10 +338,19 @@ fn background_runner_publishes_states_by_pid_and_forgets_removed_targets() {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert_eq!(handle.latest().get(&pid), Some(&vllm_fixture_state()));
-    // It keeps scraping every interval.
-    std::thread::sleep(Duration::from_millis(350));
-    let n = peers.lock().unwrap().len();
-    assert!((3..=6).contains(&n), "{n} scrapes in ~0.4 s at 100 ms");
+    // It keeps scraping every interval: three more come, and no faster
+    // than the interval allows (counted against the time it took, not
+    // a fixed sleep, so a loaded machine's pauses do not fail it).
+    let (t, before) = (Instant::now(), peers.lock().unwrap().len());
+    while peers.lock().unwrap().len() < before + 3 && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let (n, took) = (peers.lock().unwrap().len() - before, t.elapsed());
+    assert!(n >= 3, "{n} scrapes in {took:?} at 100 ms");
+    assert!(
+        n as u128 <= took.as_millis() / 100 + 2,
+        "{n} scrapes in {took:?}: faster than every 100 ms"
+    );
     assert!(peers.lock().unwrap().iter().all(|h| carries(h, &marker)));
     assert!(handle.stats().ok >= 3);
 
@@ -350,9 +362,12 @@ fn background_runner_publishes_states_by_pid_and_forgets_removed_targets() {
     assert!(handle.latest().is_empty());
     let t = Instant::now();
     drop(handle);
+    // Promptly: within a scrape's 1 s timeout and a loaded machine's
+    // delay, not after the thread's next long wait.
     assert!(
-        t.elapsed() < Duration::from_millis(500),
-        "drop stops the thread promptly"
+        t.elapsed() < Duration::from_secs(2),
+        "drop stops the thread promptly ({:?})",
+        t.elapsed()
     );
 }
 

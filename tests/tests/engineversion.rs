@@ -13,12 +13,11 @@
 //! (3), and no `model_version.*` event after (1); the secret is in no file,
 //! no output line and no export.
 
-use std::{path::Path, process::Command, time::Duration};
+use std::{path::Path, time::Duration};
 
 use serde_json::{json, Value};
 use tokentap_tests::{
-    assert_root, free_port, http, interrupt, otlp, read_jsonl, scratch_dir, start, tokentap_bin,
-    Netns,
+    assert_root, free_port, http, interrupt, otlp, read_jsonl, scratch_dir, start, Netns, RunAgent,
 };
 
 const SECRET: &str = "sk-tokentap-test-7f3a9c1e5b";
@@ -50,24 +49,13 @@ fn an_engines_build_and_serving_flags_are_versioned_apart_from_its_model() {
     let ns = Netns::create("tev", 76);
     let port = free_port();
     let (log, events) = (dir.join("requests.jsonl"), dir.join("events.jsonl"));
-    let (mut agent, agent_out) = start(
-        Command::new(tokentap_bin())
-            .args([
-                "run",
-                "--port",
-                &port.to_string(),
-                "--no-console",
-                "--no-gpu",
-            ])
-            .args(["--otlp-endpoint", &format!("http://127.0.0.1:{rport}")])
-            .args(["--export-interval", "1"])
-            .arg("--requests-log")
-            .arg(&log)
-            .arg("--events-log")
-            .arg(&events),
-        "; ready",
-        "tokentap run",
-    );
+    let (mut agent, agent_out) = RunAgent::new()
+        .port(port)
+        .no_gpu()
+        .otlp(rport)
+        .requests_log(&log)
+        .events_log(&events)
+        .start();
     let addr = format!("{}:{port}", ns.ns_addr);
     let rounds: [(&str, &str, bool); 4] = [
         ("0.6.1", "64", false),

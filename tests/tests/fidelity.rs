@@ -28,7 +28,6 @@
 //! peers`, run by `cargo xtask test`).
 
 use std::{
-    process::Command,
     sync::Mutex,
     time::{Duration, Instant},
 };
@@ -37,7 +36,7 @@ use serde_json::Value;
 use tokentap_tests::{
     assert_root, interrupt,
     peers::{free_port, Comparison, Engine, Peers},
-    read_jsonl, scratch_dir, start, steal_ms, tokentap_bin,
+    read_jsonl, scratch_dir, steal_ms, RunAgent,
 };
 
 /// Requests per engine; every 12th is cancelled by the client. Enough
@@ -83,17 +82,11 @@ fn fidelity(kind: Engine) {
 
     let port = free_port();
     let (engine, _engine_out) = peers.start_engine(kind, port, 1);
-    let (mut agent, agent_out) = start(
-        Command::new(tokentap_bin())
-            .args(["run", "--pid", &engine.0.id().to_string()])
-            .args(["--no-console", "--export-interval", "1"])
-            .arg("--otlp-endpoint")
-            .arg(format!("http://127.0.0.1:{grpc}"))
-            .arg("--requests-log")
-            .arg(&log),
-        "; ready",
-        "tokentap run",
-    );
+    let (mut agent, agent_out) = RunAgent::new()
+        .pid(engine.0.id())
+        .otlp(grpc)
+        .requests_log(&log)
+        .start();
 
     let t = Instant::now();
     let steal_before = steal_ms();

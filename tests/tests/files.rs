@@ -17,13 +17,12 @@ use std::{
     ffi::CString,
     os::unix::ffi::OsStrExt,
     path::Path,
-    process::Command,
     time::{Duration, Instant},
 };
 
 use serde_json::json;
 use tokentap_tests::{
-    assert_root, free_port, http, otlp, read_jsonl, scratch_dir, start, tokentap_bin, Netns,
+    assert_root, free_port, http, otlp, read_jsonl, scratch_dir, start, Netns, RunAgent,
 };
 
 fn mkfifo(p: &Path) {
@@ -85,19 +84,13 @@ fn fifos_among_an_engines_files_are_refused_and_nothing_stalls() {
     let ns = Netns::create("tfi", 78);
     let ports = [free_port(), free_port(), free_port()];
     let log = dir.join("requests.jsonl");
-    let mut cmd = Command::new(tokentap_bin());
-    cmd.args(["run", "--no-console", "--no-gpu", "--no-engine-info"]);
-    for p in ports {
-        cmd.args(["--port", &p.to_string()]);
-    }
-    let (mut agent, agent_out) = start(
-        cmd.args(["--otlp-endpoint", &format!("http://127.0.0.1:{rport}")])
-            .args(["--export-interval", "1"])
-            .arg("--requests-log")
-            .arg(&log),
-        "; ready",
-        "tokentap run",
-    );
+    let run = RunAgent::new().no_gpu().arg("--no-engine-info");
+    let (mut agent, agent_out) = ports
+        .iter()
+        .fold(run, |run, p| run.port(*p))
+        .otlp(rport)
+        .requests_log(&log)
+        .start();
     let mut engines = Vec::new();
     let setups = [
         (venv.clone(), dir.join("models/none")),

@@ -18,8 +18,8 @@ use std::{path::Path, process::Command, time::Duration};
 
 use serde_json::{json, Value};
 use tokentap_tests::{
-    assert_root, free_port, http, interrupt, otlp, read_jsonl, scratch_dir, start, tokentap_bin,
-    Netns, Running,
+    assert_root, free_port, http, interrupt, otlp, read_jsonl, scratch_dir, start, Netns, RunAgent,
+    Running,
 };
 
 /// nginx's master, stopped the way its service stops it (SIGTERM: the
@@ -157,25 +157,15 @@ fn an_engine_behind_nginx_gets_the_entry_stage_and_one_request_is_counted_once()
     );
     let nginx = Nginx(nginx);
     let log = dir.join("requests.jsonl");
-    let (mut agent, agent_out) = start(
-        Command::new(tokentap_bin())
-            .args([
-                "run",
-                "--port",
-                &pport.to_string(),
-                "--port",
-                &eport.to_string(),
-            ])
-            .args(["--no-console", "--no-gpu"])
-            .args(["--otlp-endpoint", &format!("http://127.0.0.1:{rport}")])
-            .args(["--export-interval", "1", "--traces-sample", "1"])
-            .arg("--requests-log")
-            .arg(&log)
-            .arg("--events-log")
-            .arg(dir.join("events.jsonl")),
-        "; ready",
-        "tokentap run",
-    );
+    let (mut agent, agent_out) = RunAgent::new()
+        .port(pport)
+        .port(eport)
+        .no_gpu()
+        .otlp(rport)
+        .args(["--traces-sample", "1"])
+        .requests_log(&log)
+        .events_log(&dir.join("events.jsonl"))
+        .start();
     let addr = format!("{}:{pport}", proxy_ns.ns_addr);
     let mut sent = std::collections::BTreeMap::new();
     // One at a time (nginx reuses its kept-alive upstream connections),

@@ -20,7 +20,7 @@ use tokentap_tests::{
     fakenvml::install_fake_nvml,
     http, interrupt,
     otlp::{number_points, Receiver},
-    read_jsonl, scratch_dir, start, tokentap_bin,
+    read_jsonl, scratch_dir, start, RunAgent,
 };
 
 const GPU: &str = "GPU-e2e-0";
@@ -135,20 +135,15 @@ fn requests_get_their_engines_gpu_utilisation_memory_and_a_token_share_of_its_en
     std::fs::write(&scen, scenario(worker, other.0.id()).to_string()).unwrap();
     let lib = install_fake_nvml(&dir);
 
-    let endpoint = otlp.endpoint();
-    let (mut agent, agent_out) = start_agent(
-        engine.0.id(),
-        &log,
-        &[
-            "--export-interval".as_ref(),
-            "1".as_ref(),
-            "--otlp-endpoint".as_ref(),
-            endpoint.as_ref(),
-            "--nvml-library".as_ref(),
-            lib.as_os_str(),
-        ],
-        Some(&scen),
-    );
+    let (mut agent, agent_out) = RunAgent::new()
+        .pid(engine.0.id())
+        .args(["--gpu-interval", "0.2"])
+        .requests_log(&log)
+        .otlp(otlp.port)
+        .arg("--nvml-library")
+        .arg(&lib)
+        .env("FAKE_NVML_SCENARIO", &scen)
+        .start();
     // Let the sampler find the worker on the GPU.
     std::thread::sleep(Duration::from_millis(800));
     // A and B together: A writes tokens twice as fast (40 × 25 ms vs
@@ -340,24 +335,6 @@ fn start_engine() -> (tokentap_tests::Running, u32, u16) {
     (engine, worker, port)
 }
 
-/// `tokentap run` on `engine_pid` with GPU sampling every 0.2 s.
-fn start_agent(
-    engine_pid: u32,
-    log: &std::path::Path,
-    extra: &[&std::ffi::OsStr],
-    scenario: Option<&std::path::Path>,
-) -> (tokentap_tests::Running, std::sync::mpsc::Receiver<String>) {
-    let mut cmd = Command::new(tokentap_bin());
-    cmd.args(["run", "--no-console", "--pid", &engine_pid.to_string()])
-        .args(["--gpu-interval", "0.2", "--requests-log"])
-        .arg(log)
-        .args(extra);
-    if let Some(s) = scenario {
-        cmd.env("FAKE_NVML_SCENARIO", s);
-    }
-    start(&mut cmd, "; ready", "tokentap run")
-}
-
 #[test]
 #[ignore = "needs root: loads eBPF (cargo xtask test runs it as root)"]
 fn without_nvml_requests_are_measured_as_usual_and_the_cause_is_said_once() {
@@ -366,12 +343,13 @@ fn without_nvml_requests_are_measured_as_usual_and_the_cause_is_said_once() {
     let log = dir.join("requests.jsonl");
     let missing = dir.join("no-such-dir/libnvidia-ml.so.1");
     let (engine, _worker, port) = start_engine();
-    let (mut agent, out) = start_agent(
-        engine.0.id(),
-        &log,
-        &["--nvml-library".as_ref(), missing.as_os_str()],
-        None,
-    );
+    let (mut agent, out) = RunAgent::new()
+        .pid(engine.0.id())
+        .args(["--gpu-interval", "0.2"])
+        .requests_log(&log)
+        .arg("--nvml-library")
+        .arg(&missing)
+        .start();
     for i in 0..3 {
         stream(port, i, 5, 10).join().unwrap();
     }
@@ -420,12 +398,14 @@ fn a_gpu_lost_mid_run_leaves_the_agent_measuring() {
         json!({"devices": [{"uuid": GPU, "name": "NVIDIA H200"}], "steps": steps}).to_string(),
     )
     .unwrap();
-    let (mut agent, agent_out) = start_agent(
-        engine.0.id(),
-        &log,
-        &["--nvml-library".as_ref(), lib.as_os_str()],
-        Some(&scen),
-    );
+    let (mut agent, agent_out) = RunAgent::new()
+        .pid(engine.0.id())
+        .args(["--gpu-interval", "0.2"])
+        .requests_log(&log)
+        .arg("--nvml-library")
+        .arg(&lib)
+        .env("FAKE_NVML_SCENARIO", &scen)
+        .start();
     std::thread::sleep(Duration::from_millis(500));
     stream(port, 1, 5, 20).join().unwrap(); // while the GPU answers
     std::thread::sleep(Duration::from_millis(2800)); // lost from 2.5 s

@@ -32,7 +32,7 @@ use serde_json::Value;
 use tokentap_tests::{
     assert_root, interrupt,
     peers::{free_port, quantile, Peers},
-    read_jsonl, scratch_dir, start, tokentap_bin, Netns, Running,
+    read_jsonl, scratch_dir, start, Netns, RunAgent, Running,
 };
 
 fn python(peers: &Peers, script: &str) -> Command {
@@ -110,18 +110,12 @@ impl Held {
 }
 
 fn agent(dir: &Path, port: u16) -> (Running, mpsc::Receiver<String>) {
-    let mut c = Command::new(tokentap_bin());
-    c.args([
-        "run",
-        "--no-console",
-        "--no-gpu",
-        "--port",
-        &port.to_string(),
-    ])
-    .arg("--requests-log")
-    .arg(dir.join("requests.jsonl"))
-    .arg("--log-all-requests");
-    start(&mut c, "ready", "tokentap run")
+    let run = RunAgent::new()
+        .no_gpu()
+        .port(port)
+        .requests_log(&dir.join("requests.jsonl"))
+        .arg("--log-all-requests");
+    start(&mut run.command(), "ready", "tokentap run")
 }
 
 /// The server's account per request id: when its first output was sent,

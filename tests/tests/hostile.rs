@@ -21,14 +21,13 @@
 use std::{
     io::Write,
     net::TcpStream,
-    process::Command,
     time::{Duration, Instant},
 };
 
 use bytes::Bytes;
 use serde_json::{json, Value};
 use tokentap_tests::{
-    assert_root, free_port, http as h1, logged, read_jsonl, scratch_dir, start, tokentap_bin, Netns,
+    assert_root, free_port, http as h1, logged, read_jsonl, scratch_dir, start, Netns, RunAgent,
 };
 
 /// Hostile connections per phase.
@@ -411,22 +410,15 @@ fn hostile_run(ns_name: &str, octet: u8, budget: Option<u64>) -> Run {
 
     // 1. The agent first, on both ports, its decoder budget the default
     // unless `budget` says.
-    let mut cmd = Command::new(tokentap_bin());
-    cmd.args([
-        "run",
-        "--no-console",
-        "--no-gpu",
-        "--port",
-        &h1_port.to_string(),
-        "--port",
-        &h2_port.to_string(),
-    ])
-    .arg("--requests-log")
-    .arg(&log);
+    let mut run = RunAgent::new()
+        .no_gpu()
+        .port(h1_port)
+        .port(h2_port)
+        .requests_log(&log);
     if let Some(b) = budget {
-        cmd.arg("--max-decode-memory").arg(b.to_string());
+        run = run.arg("--max-decode-memory").arg(b.to_string());
     }
-    let (mut agent, agent_out) = start(&mut cmd, "ready", "tokentap run");
+    let (mut agent, agent_out) = start(&mut run.command(), "ready", "tokentap run");
     let agent_pid = agent.0.id();
 
     // 2. The engines, in their network namespace.

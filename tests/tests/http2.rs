@@ -9,12 +9,12 @@
 //! the agent's span) and no longer than the client's (its send → the first
 //! content it received, both outside it).
 
-use std::{collections::HashMap, path::Path, process::Command, time::Duration};
+use std::{collections::HashMap, time::Duration};
 
 use bytes::Bytes;
 use serde_json::{json, Value};
 use tokentap_tests::{
-    assert_root, free_port, interrupt, now_ns, read_jsonl, scratch_dir, start, tokentap_bin, Netns,
+    assert_root, free_port, interrupt, now_ns, read_jsonl, scratch_dir, start, Netns, RunAgent,
 };
 
 /// Streams on the measured connection, all open at once.
@@ -107,20 +107,6 @@ fn streams(addr: &str, port: u16, prefix: &str, n: usize) -> Vec<Seen> {
     })
 }
 
-fn agent(log: &Path, port: u16) -> (tokentap_tests::Running, std::sync::mpsc::Receiver<String>) {
-    let mut c = Command::new(tokentap_bin());
-    c.args([
-        "run",
-        "--no-console",
-        "--no-gpu",
-        "--port",
-        &port.to_string(),
-    ])
-    .arg("--requests-log")
-    .arg(log);
-    start(&mut c, "ready", "tokentap run")
-}
-
 #[test]
 #[ignore = "needs root: eBPF, network namespaces (cargo xtask test runs it as root)"]
 fn streams_multiplexed_on_one_h2c_connection_match_the_engines_clock() {
@@ -129,7 +115,15 @@ fn streams_multiplexed_on_one_h2c_connection_match_the_engines_clock() {
     let port = free_port();
     let log = dir.join("requests.jsonl");
     let truth = dir.join("truth.jsonl");
-    let (mut tt, tt_out) = agent(&log, port);
+    let (mut tt, tt_out) = start(
+        &mut RunAgent::new()
+            .no_gpu()
+            .port(port)
+            .requests_log(&log)
+            .command(),
+        "ready",
+        "tokentap run",
+    );
     let ns = Netns::create("th2", 73);
     let mut e = ns.command(env!("CARGO_BIN_EXE_h2engine"));
     e.args([

@@ -6,7 +6,7 @@
 //! and `k8s.pod.uid` (what a Collector's `k8sattributes` processor
 //! associates on), while the agent's own metrics keep the agent's resource.
 
-use std::{net::TcpStream, path::Path, process::Command, time::Duration};
+use std::{net::TcpStream, path::Path, time::Duration};
 
 use opentelemetry_proto::tonic::{
     collector::metrics::v1::ExportMetricsServiceRequest, common::v1::any_value::Value as Any,
@@ -17,7 +17,7 @@ use tokentap_tests::{
     cgroups::{v1_root, v2_root, Cgroups},
     http, interrupt,
     otlp::Receiver,
-    read_jsonl, scratch_dir, start, start_simengine, tokentap_bin,
+    read_jsonl, scratch_dir, start_simengine, RunAgent,
 };
 
 const ID_V2: &str = "a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8f90";
@@ -112,19 +112,14 @@ fn engines_in_pod_cgroups_are_labelled_and_exported_under_their_own_resource() {
     // Engine 3: not in a container.
     let (e3, port3, _) = start_simengine(bin, &[]);
 
-    let (mut agent, out) = start(
-        Command::new(tokentap_bin())
-            .args(["run", "--no-console", "--no-gpu"])
-            .args(["--pid", &e1.0.id().to_string()])
-            .args(["--pid", &e2.0.id().to_string()])
-            .args(["--pid", &e3.0.id().to_string()])
-            .args(["--export-interval", "1", "--requests-log"])
-            .arg(&log)
-            .arg("--otlp-endpoint")
-            .arg(otlp.endpoint()),
-        "; ready",
-        "tokentap run",
-    );
+    let (mut agent, out) = RunAgent::new()
+        .no_gpu()
+        .pid(e1.0.id())
+        .pid(e2.0.id())
+        .pid(e3.0.id())
+        .requests_log(&log)
+        .otlp(otlp.port)
+        .start();
     for (i, port) in [port1, port2, port3].into_iter().enumerate() {
         let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
         for k in 0..2 {

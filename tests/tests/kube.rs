@@ -10,14 +10,14 @@
 //! on-demand lookup; a label update and a pod deletion reach later
 //! records; the agent only ever asks for this node's pods (or one pod IP).
 
-use std::{net::TcpStream, path::Path, process::Command, time::Duration};
+use std::{net::TcpStream, path::Path, time::Duration};
 
 use serde_json::{json, Value};
 use tokentap_tests::{
     assert_root,
     cgroups::{v2_root, Cgroups},
     fakekube::{pod, write_kubeconfig, FakeKube},
-    free_port, http, interrupt, ip, read_jsonl, scratch_dir, start, tokentap_bin, Netns,
+    free_port, http, interrupt, ip, read_jsonl, scratch_dir, start, Netns, RunAgent,
 };
 
 const CONTAINER: &str = "5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d";
@@ -138,20 +138,15 @@ fn pods_are_named_from_a_node_scoped_watch_once_the_api_answers() {
     let kubeconfig = dir.join("kubeconfig");
     let api_port = free_port();
     write_kubeconfig(&kubeconfig, api_port);
-    let (mut agent, aout) = start(
-        Command::new(tokentap_bin())
-            .env("KUBECONFIG", &kubeconfig)
-            .env_remove("KUBERNETES_SERVICE_HOST")
-            .args(["run", "--no-console", "--no-gpu", "--kube-metadata"])
-            .args(["--kube-node", "node-a"])
-            .args(["--pid", &engine.0.id().to_string()])
-            .arg("--requests-log")
-            .arg(&log)
-            .arg("--events-log")
-            .arg(dir.join("events.jsonl")),
-        "; ready",
-        "tokentap run",
-    );
+    let (mut agent, aout) = RunAgent::new()
+        .env("KUBECONFIG", &kubeconfig)
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .no_gpu()
+        .args(["--kube-metadata", "--kube-node", "node-a"])
+        .pid(engine.0.id())
+        .requests_log(&log)
+        .events_log(&dir.join("events.jsonl"))
+        .start();
 
     let mut id = 0u64;
     let mut local = connect_from(&rt, &ns.host_addr, &ns.ns_addr, port);

@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 use tokentap_tests::{
     assert_root, http, interrupt, logged,
     otlp::{assert_exports_match_log, Receiver},
-    read_jsonl, scratch_dir, start, start_simengine, tokentap_bin, Netns,
+    read_jsonl, scratch_dir, start, start_simengine, Netns, RunAgent,
 };
 
 const WRITERS: [&str; 3] = ["write", "writev", "send"];
@@ -84,23 +84,11 @@ fn two_hundred_scripted_requests_match_the_engines_clock() {
         &["--truth", truth_path.to_str().unwrap()],
     );
     let pid = engine.0.id();
-    let (mut agent, agent_out) = start(
-        Command::new(tokentap_bin())
-            .args([
-                "run",
-                "--pid",
-                &pid.to_string(),
-                "--no-console",
-                "--export-interval",
-                "1",
-            ])
-            .arg("--otlp-endpoint")
-            .arg(otlp.endpoint())
-            .arg("--requests-log")
-            .arg(&log_path),
-        "; ready",
-        "tokentap run",
-    );
+    let (mut agent, agent_out) = RunAgent::new()
+        .pid(pid)
+        .otlp(otlp.port)
+        .requests_log(&log_path)
+        .start();
 
     let threads: Vec<_> = (0..4)
         .map(|t| std::thread::spawn(move || client(port, t, 50)))
@@ -261,13 +249,7 @@ fn run_without_targets_finds_an_engine_by_its_command_line() {
         Path::new(env!("CARGO_BIN_EXE_simengine")),
         &["--label", "llama-server"],
     );
-    let (mut agent, agent_out) = start(
-        Command::new(tokentap_bin())
-            .args(["run", "--no-console", "--requests-log"])
-            .arg(&log_path),
-        "; ready",
-        "tokentap run",
-    );
+    let (mut agent, agent_out) = RunAgent::new().requests_log(&log_path).start();
     let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
     for i in 0..3 {
         assert!(exchange(&mut s, 0, 10 + i));
@@ -354,10 +336,7 @@ fn an_engine_in_its_own_network_namespace_started_after_the_agent_and_restarted_
 
     // The agent first, with only a port: nothing listens on it yet.
     let (mut agent, agent_out) = start(
-        Command::new(tokentap_bin())
-            .args(["run", "--port", &port.to_string(), "--no-console"])
-            .arg("--requests-log")
-            .arg(&log),
+        &mut RunAgent::new().port(port).requests_log(&log).command(),
         "waiting for a listener on port",
         "tokentap run",
     );
@@ -440,13 +419,7 @@ fn an_engine_started_after_the_agent_is_found_from_its_exec_within_seconds() {
     assert_root("discovery after start");
     let dir = scratch_dir("discover-late");
     let log_path = dir.join("requests.jsonl");
-    let (mut agent, agent_out) = start(
-        Command::new(tokentap_bin())
-            .args(["run", "--no-console", "--requests-log"])
-            .arg(&log_path),
-        "; ready",
-        "tokentap run",
-    );
+    let (mut agent, agent_out) = RunAgent::new().requests_log(&log_path).start();
     // Let the first full scan pass, so only the exec event can find it
     // before the next one (5 s later).
     std::thread::sleep(Duration::from_millis(1500));
@@ -490,16 +463,7 @@ fn a_pid_whose_tree_never_listens_gets_one_clear_warning() {
             .spawn()
             .expect("spawn sh"),
     );
-    let (mut agent, agent_out) = start(
-        Command::new(tokentap_bin()).args([
-            "run",
-            "--no-console",
-            "--pid",
-            &idle.0.id().to_string(),
-        ]),
-        "; ready",
-        "tokentap run",
-    );
+    let (mut agent, agent_out) = RunAgent::new().pid(idle.0.id()).start();
     std::thread::sleep(Duration::from_secs(13));
     let (ok, stderr) = interrupt(&mut agent, agent_out);
     let _ = idle.0.kill();

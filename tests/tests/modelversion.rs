@@ -19,7 +19,7 @@ use serde_json::{json, Value};
 use tokentap_tests::{
     assert_root, http, interrupt, logged,
     otlp::{sum_point_attributes, Receiver},
-    read_jsonl, scratch_dir, start, tokentap_bin,
+    read_jsonl, scratch_dir, start, RunAgent,
 };
 
 /// Requests per phase after the probe that shows the agent found the engine.
@@ -138,13 +138,11 @@ fn model_a_then_b_then_a_again_gives_va_vb_va_and_a_changed_header_a_new_version
     let otlp = Receiver::start();
 
     let (mut agent, agent_out) = start(
-        Command::new(tokentap_bin())
-            .args(["run", "--port", &port.to_string(), "--no-console"])
-            .args(["--export-interval", "1"])
-            .arg("--otlp-endpoint")
-            .arg(otlp.endpoint())
-            .arg("--requests-log")
-            .arg(&log),
+        &mut RunAgent::new()
+            .port(port)
+            .otlp(otlp.port)
+            .requests_log(&log)
+            .command(),
         "waiting for a listener on port",
         "tokentap run",
     );

@@ -14,31 +14,12 @@ use serde_json::Value;
 use tokentap_tests::{
     assert_root, http, interrupt,
     otlp::{
-        assert_exports_match_log, counter, exponential_histograms, gauge_points, run_exporting,
+        assert_exports_match_log, counter, exponential_histograms, gauge_points,
         start_http_receiver, start_https_receiver, start_receiver, start_tls_receiver,
         sum_point_attributes, TestCa,
     },
-    read_jsonl, scratch_dir, start, start_simengine, tokentap_bin,
+    read_jsonl, scratch_dir, start, start_simengine, RunAgent,
 };
-
-/// `tokentap run` on `pid`, exporting every second to 127.0.0.1:`otlp_port`,
-/// with `extra` arguments; returns once it is ready.
-fn start_agent(
-    pid: u32,
-    otlp_port: u16,
-    extra: &[&str],
-) -> (tokentap_tests::Running, std::sync::mpsc::Receiver<String>) {
-    start(
-        Command::new(tokentap_bin())
-            .args(["run", "--pid", &pid.to_string(), "--no-console"])
-            .args(["--export-interval", "1"])
-            .arg("--otlp-endpoint")
-            .arg(format!("http://127.0.0.1:{otlp_port}"))
-            .args(extra),
-        "; ready",
-        "tokentap run",
-    )
-}
 
 /// Sends one request with `body` and reads its whole response.
 fn request(s: &mut TcpStream, body: &serde_json::Value) {
@@ -62,7 +43,11 @@ fn a_collector_that_is_down_at_start_gets_the_metrics_once_it_is_up() {
     // A free port with nothing listening on it (yet).
     let otlp_port = tokentap_tests::free_port();
     let (engine, port, _) = start_simengine(Path::new(env!("CARGO_BIN_EXE_simengine")), &[]);
-    let (mut agent, out) = start_agent(engine.0.id(), otlp_port, &["--exponential-histograms"]);
+    let (mut agent, out) = RunAgent::new()
+        .pid(engine.0.id())
+        .otlp(otlp_port)
+        .arg("--exponential-histograms")
+        .start();
     let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
     for i in 0..5 {
         one_request(&mut s, i);
@@ -175,11 +160,11 @@ fn check_export(protocol: &str, tls: bool) {
     if let Some(ca) = &ca {
         let https = format!("https://127.0.0.1:{otlp_port}");
         // Without the CA: the collector's certificate is not trusted.
-        let (mut agent, out) = start_agent(
-            engine.0.id(),
-            otlp_port,
-            &["--otlp-protocol", protocol, "--otlp-endpoint", &https],
-        );
+        let (mut agent, out) = RunAgent::new()
+            .pid(engine.0.id())
+            .otlp(otlp_port)
+            .args(["--otlp-protocol", protocol, "--otlp-endpoint", &https])
+            .start();
         std::thread::sleep(Duration::from_millis(2500));
         let (ok, lines) = interrupt(&mut agent, out);
         let stderr = lines.join("\n");
@@ -203,8 +188,11 @@ fn check_export(protocol: &str, tls: bool) {
             ca_file.to_str().unwrap().to_string(),
         ]);
     }
-    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
-    let (mut agent, out) = start_agent(engine.0.id(), otlp_port, &extra);
+    let (mut agent, out) = RunAgent::new()
+        .pid(engine.0.id())
+        .otlp(otlp_port)
+        .args(&extra)
+        .start();
 
     let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
     for i in 0..40u64 {
@@ -274,11 +262,11 @@ fn the_engines_own_metrics_are_exported_and_the_agents_scrapes_are_not_requests(
     // simengine answers GET /metrics in llama.cpp server's names, with
     // llamacpp:requests_processing = requests being answered now.
     let (engine, port, _) = start_simengine(Path::new(env!("CARGO_BIN_EXE_simengine")), &[]);
-    let (mut agent, out) = start_agent(
-        engine.0.id(),
-        otlp_port,
-        &["--requests-log", log.to_str().expect("UTF-8 path")],
-    );
+    let (mut agent, out) = RunAgent::new()
+        .pid(engine.0.id())
+        .otlp(otlp_port)
+        .args(["--requests-log", log.to_str().expect("UTF-8 path")])
+        .start();
     // One slow stream (60 tokens 50 ms apart: 3 s) spans several scrapes.
     let slow = std::thread::spawn(move || {
         let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
@@ -326,8 +314,9 @@ fn the_engines_own_metrics_are_exported_and_the_agents_scrapes_are_not_requests(
 fn plain_http_export_needs_no_system_certificates_and_https_says_what_it_needs() {
     // A host (or image) without a CA bundle: rustls finds no system roots.
     let run = |endpoint: &str, extra: &[&str]| {
-        let out = Command::new(tokentap_bin())
-            .args(["run", "--pid", "999999999", "--no-console", "--no-gpu"])
+        let out = RunAgent::new()
+            .pid(999_999_999)
+            .no_gpu()
             // Probes on: the privilege check waits for the kernel's word,
             // so this runs as any user up to the made-up pid.
             .args(["--health-addr", "127.0.0.1:0"])
@@ -340,6 +329,7 @@ fn plain_http_export_needs_no_system_certificates_and_https_says_what_it_needs()
             .args(extra)
             .env("SSL_CERT_FILE", "/dev/null")
             .env("SSL_CERT_DIR", "/nonexistent")
+            .command()
             .output()
             .unwrap();
         assert!(!out.status.success());
@@ -397,21 +387,28 @@ fn host_name_is_the_node_not_the_agents_own_uts_hostname() {
     // without it (then the host's name, read through pid 1's namespace).
     for node_env in [Some("node-from-downward-api"), None] {
         let (sink, otlp_port) = start_receiver(&rt, 0);
-        let mut cmd = Command::new("unshare");
-        cmd.args([
+        let mut unshare = Command::new("unshare");
+        unshare.args([
             "--uts",
             "sh",
             "-c",
             "hostname tokentap-pod-x7k2q && exec \"$@\"",
             "sh",
-        ])
-        .arg(tokentap_bin())
-        .args(run_exporting(engine.0.id(), &format!("http://127.0.0.1:{otlp_port}")).get_args());
-        cmd.env_remove("NODE_NAME");
+        ]);
+        let mut run = RunAgent::new()
+            .pid(engine.0.id())
+            .no_gpu()
+            .arg("--no-engine-metrics")
+            .otlp(otlp_port)
+            .env_remove("NODE_NAME");
         if let Some(n) = node_env {
-            cmd.env("NODE_NAME", n);
+            run = run.env("NODE_NAME", n);
         }
-        let (mut agent, out) = start(&mut cmd, "; ready", "tokentap run in a UTS namespace");
+        let (mut agent, out) = start(
+            &mut run.wrapped(unshare),
+            "; ready",
+            "tokentap run in a UTS namespace",
+        );
         std::thread::sleep(Duration::from_millis(2500));
         let (ok, lines) = interrupt(&mut agent, out);
         assert!(ok, "{lines:?}");
@@ -443,12 +440,21 @@ fn export_to_guarded_collector(
         _ => start_https_receiver_with(ca, gate),
     };
     let (engine, eport, _) = start_simengine(Path::new(env!("CARGO_BIN_EXE_simengine")), &[]);
-    let mut cmd = run_exporting(engine.0.id(), &format!("https://127.0.0.1:{port}"));
-    cmd.args(["--otlp-protocol", protocol]).args(args);
+    let mut run = RunAgent::new()
+        .pid(engine.0.id())
+        .no_gpu()
+        .args(["--export-interval", "1", "--no-engine-metrics"])
+        .args(["--otlp-endpoint", &format!("https://127.0.0.1:{port}")])
+        .args(["--otlp-protocol", protocol])
+        .args(args);
     for (k, v) in env {
-        cmd.env(k, v);
+        run = run.env(k, v);
     }
-    let (mut agent, out) = start(&mut cmd, "; ready", "tokentap run to a TLS collector");
+    let (mut agent, out) = start(
+        &mut run.command(),
+        "; ready",
+        "tokentap run to a TLS collector",
+    );
     let mut s = TcpStream::connect(("127.0.0.1", eport)).unwrap();
     for i in 0..3 {
         one_request(&mut s, i);
@@ -553,15 +559,16 @@ fn tls_collectors_that_check_a_header_get_metrics_over_grpc_and_http_and_mutual_
 #[test]
 fn export_settings_that_cannot_work_stop_the_agent_at_start_with_the_reason() {
     let run = |env: &[(&str, &str)], extra: &[&str]| {
-        let mut cmd = Command::new(tokentap_bin());
-        cmd.args(["run", "--pid", "999999999", "--no-console", "--no-gpu"])
+        let mut run = RunAgent::new()
+            .pid(999_999_999)
+            .no_gpu()
             .args(["--health-addr", "127.0.0.1:0"])
             .args(["--otlp-endpoint", "https://127.0.0.1:9"])
             .args(extra);
         for (k, v) in env {
-            cmd.env(k, v);
+            run = run.env(k, v);
         }
-        let out = cmd.output().unwrap();
+        let out = run.command().output().unwrap();
         assert!(!out.status.success());
         String::from_utf8_lossy(&out.stderr).to_string()
     };

@@ -13,7 +13,10 @@ use tokentap::{
     record::{Finished, RouteClass},
     stage::{health::Health, Sink, Tick},
 };
-use tokentap_tests::transcript::{events, Transcript};
+use tokentap_tests::{
+    transcript::{events, Transcript},
+    RunAgent,
+};
 
 /// LLM requests, and the others with their route class.
 #[derive(Clone, Default)]
@@ -167,7 +170,10 @@ fn only_requests_of_a_known_llm_operation_reach_the_llm_sinks_and_the_rest_are_c
         ["/v1/chat/completions"],
         "only the LLM request reaches the sinks"
     );
-    assert_eq!(got[0].record.operation, Some(tokentap::vocab::Operation::Chat));
+    assert_eq!(
+        got[0].record.operation,
+        Some(tokentap::vocab::Operation::Chat)
+    );
     let others = sink.1.lock().unwrap().clone();
     let want: Vec<(String, RouteClass)> = [
         ("GET /metrics", RouteClass::Metrics),
@@ -311,10 +317,11 @@ fn argument_errors_come_before_anything_nvml_says() {
     // A pid that does not exist is an argument error: said at once, before
     // the GPU sampler starts (and says the driver is missing). Probes on
     // (`--health-addr`): no privilege check first, so any user runs this.
-    let out = std::process::Command::new(tokentap_tests::tokentap_bin())
-        .args(["run", "--pid", "999999999", "--no-console"])
+    let out = RunAgent::new()
+        .pid(999_999_999)
         .args(["--health-addr", "127.0.0.1:0"])
         .env("TOKENTAP_NVML_LIBRARY", "/nonexistent/libnvidia-ml.so.1")
+        .command()
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);

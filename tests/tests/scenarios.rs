@@ -20,7 +20,6 @@ use std::{
     io::Write,
     net::TcpStream,
     path::Path,
-    process::Command,
     sync::{
         atomic::{AtomicBool, Ordering},
         Arc,
@@ -32,7 +31,7 @@ use serde_json::{json, Value};
 use tokentap_tests::{
     assert_root, free_port, http, interrupt, logged,
     otlp::{histogram_counts_by, Receiver},
-    read_jsonl, scratch_dir, start, tokentap_bin, Netns, Running,
+    read_jsonl, scratch_dir, start, Netns, RunAgent, Running,
 };
 
 const EVENTS_CONFIG: &str = "[events]\nwindow_s = 1\ngrace_s = 0.3\nwarmup_windows = 3\nrollback_idle_s = 1\nretry_storm_min = 5\ndrift_baseline_requests = 30\ndrift_window_requests = 15\ndrift_hold_s = 0.5\n";
@@ -55,28 +54,18 @@ fn agent(dir: &Path, port: u16, extra: &[String]) -> (Running, std::sync::mpsc::
     std::fs::write(&cfg, EVENTS_CONFIG).unwrap();
     let salt = dir.join("salt");
     std::fs::write(&salt, "scenario-salt").unwrap();
-    start(
-        Command::new(tokentap_bin())
-            .args([
-                "run",
-                "--port",
-                &port.to_string(),
-                "--no-console",
-                "--no-gpu",
-            ])
-            .arg("--config")
-            .arg(&cfg)
-            .arg("--requests-log")
-            .arg(dir.join("requests.jsonl"))
-            .arg("--events-log")
-            .arg(dir.join("events.jsonl"))
-            .args(["--tenant-header", "X-Tenant-ID"])
-            .arg("--api-key-salt-file")
-            .arg(&salt)
-            .args(extra),
-        "ready",
-        "tokentap run",
-    )
+    let run = RunAgent::new()
+        .port(port)
+        .no_gpu()
+        .arg("--config")
+        .arg(&cfg)
+        .requests_log(&dir.join("requests.jsonl"))
+        .events_log(&dir.join("events.jsonl"))
+        .args(["--tenant-header", "X-Tenant-ID"])
+        .arg("--api-key-salt-file")
+        .arg(&salt)
+        .args(extra);
+    start(&mut run.command(), "ready", "tokentap run")
 }
 
 /// One request on `s` for `tenant`; the response's status.

@@ -7,13 +7,11 @@
 //! (`ttft_s ≥ queue_s + prefill_s`: the engine's clock starts after the
 //! read, tokentap's at the arrival).
 
-use std::process::Command;
-
 use serde_json::Value;
 use tokentap_tests::{
     assert_root, interrupt,
     peers::{free_port, Engine, Peers},
-    read_jsonl, scratch_dir, start, tokentap_bin,
+    read_jsonl, scratch_dir, RunAgent,
 };
 
 #[test]
@@ -26,20 +24,11 @@ fn llama_server_timings_are_each_records_prefill_decode_and_cached_tokens() {
     let port = free_port();
     let (_engine, _engine_out) = peers.start_engine(Engine::Native, port, 1);
     let log = dir.join("requests.jsonl");
-    let (mut agent, agent_out) = start(
-        Command::new(tokentap_bin())
-            .args([
-                "run",
-                "--port",
-                &port.to_string(),
-                "--no-console",
-                "--no-gpu",
-            ])
-            .arg("--requests-log")
-            .arg(&log),
-        "; ready",
-        "tokentap run",
-    );
+    let (mut agent, agent_out) = RunAgent::new()
+        .port(port)
+        .no_gpu()
+        .requests_log(&log)
+        .start();
     // Streamed chats with usage, one at a time: prompts that share their
     // start, so the server's prompt cache serves part of each.
     let sent = peers.client(

@@ -11,17 +11,14 @@
 //! `tokentap.request.type`. A config file with an invalid rule must stop
 //! the agent before it starts, naming the rule.
 
-use std::{
-    collections::HashMap, io::Write as _, net::Ipv4Addr, path::Path, process::Command,
-    time::Duration,
-};
+use std::{collections::HashMap, io::Write as _, net::Ipv4Addr, path::Path, time::Duration};
 
 use serde_json::{json, Value};
 use tokentap::identity::caller::ApiKeyHasher;
 use tokentap_tests::{
     assert_root, connect_from, http, interrupt,
     otlp::{counter, sum_point_attributes, Receiver},
-    read_jsonl, scratch_dir, start, start_simengine, tokentap_bin,
+    read_jsonl, scratch_dir, start_simengine, RunAgent,
 };
 
 const SALT: &[u8] = b"tenant-test salt: 32 bytes long!";
@@ -74,8 +71,6 @@ fn chat(model: &str, extra: Value) -> Value {
 fn records_carry_tenant_caller_api_key_id_and_request_type_and_no_key_text() {
     assert_root("tenant and request type end to end");
     let dir = scratch_dir("tenant");
-    let bin = tokentap_bin();
-
     // An invalid rule: the agent refuses to start and names it.
     let bad = dir.join("bad.toml");
     std::fs::write(
@@ -83,10 +78,12 @@ fn records_carry_tenant_caller_api_key_id_and_request_type_and_no_key_text() {
         "[[request_type]]\nname = \"rag\"\njson_field = \"documents\"\n\n[[request_type]]\nname = \"chat\"\npath = \"/v1/x\"\n",
     )
     .unwrap();
-    let out = Command::new(&bin)
-        .args(["run", "--pid", "1", "--no-console", "--duration", "1"])
+    let out = RunAgent::new()
+        .pid(1)
+        .args(["--duration", "1"])
         .arg("--config")
         .arg(&bad)
+        .command()
         .output()
         .expect("run tokentap");
     let err = String::from_utf8_lossy(&out.stderr);
@@ -104,21 +101,16 @@ fn records_carry_tenant_caller_api_key_id_and_request_type_and_no_key_text() {
     let log_path = dir.join("requests.jsonl");
     let otlp = Receiver::start();
     let (engine, port, _) = start_simengine(Path::new(env!("CARGO_BIN_EXE_simengine")), &[]);
-    let (mut agent, agent_out) = start(
-        Command::new(&bin)
-            .args(["run", "--pid", &engine.0.id().to_string()])
-            .arg("--config")
-            .arg(&cfg)
-            .arg("--api-key-salt-file")
-            .arg(&salt)
-            .arg("--requests-log")
-            .arg(&log_path)
-            .args(["--max-tenants", "2", "--export-interval", "1"])
-            .arg("--otlp-endpoint")
-            .arg(otlp.endpoint()),
-        "; ready",
-        "tokentap run",
-    );
+    let (mut agent, agent_out) = RunAgent::new()
+        .pid(engine.0.id())
+        .arg("--config")
+        .arg(&cfg)
+        .arg("--api-key-salt-file")
+        .arg(&salt)
+        .requests_log(&log_path)
+        .args(["--max-tenants", "2"])
+        .otlp(otlp.port)
+        .start();
 
     let local = Ipv4Addr::LOCALHOST;
     let long_tenant = "t".repeat(1000);

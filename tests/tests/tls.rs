@@ -28,7 +28,7 @@ use std::{
 
 use serde_json::Value;
 use tokentap_tests::{
-    assert_root, free_port, interrupt, otlp::TestCa, scratch_dir, start, tokentap_bin, Netns,
+    assert_root, free_port, interrupt, otlp::TestCa, scratch_dir, start, Netns, RunAgent,
 };
 
 /// An HTTPS server answering every POST with a small JSON body (HTTP/1.1,
@@ -222,16 +222,12 @@ fn tls_engine(mode: Mode) {
         // Debian's and Ubuntu's kernels (perf_event_paranoid 3 by their
         // own patch): without CAP_SYS_ADMIN no perf event opens, so the
         // agent cannot attach at all: it must say why and what to do.
-        let out = Command::new("setpriv")
-            .arg("--bounding-set=-all,+bpf,+perfmon,+sys_ptrace,+dac_read_search")
-            .arg(tokentap_bin())
-            .args([
-                "run",
-                "--port",
-                &port.to_string(),
-                "--no-console",
-                "--no-gpu",
-            ])
+        let mut setpriv = Command::new("setpriv");
+        setpriv.arg("--bounding-set=-all,+bpf,+perfmon,+sys_ptrace,+dac_read_search");
+        let out = RunAgent::new()
+            .port(port)
+            .no_gpu()
+            .wrapped(setpriv)
             .output()
             .expect("run the agent under setpriv");
         let err = String::from_utf8_lossy(&out.stderr);
@@ -250,20 +246,23 @@ fn tls_engine(mode: Mode) {
         drop(client);
         return;
     }
-    let mut cmd = if mode == Mode::BaseCapabilities {
-        let mut c = Command::new("setpriv");
-        c.arg("--bounding-set=-all,+bpf,+perfmon,+sys_ptrace,+dac_read_search")
-            .arg(tokentap_bin());
-        c
-    } else {
-        Command::new(tokentap_bin())
-    };
     let extra: &[&str] = if mode == Mode::NoTls {
         &["--no-tls"]
     } else {
         &[]
     };
-    let (mut agent, agent_out) = start_agent(&mut cmd, port, &log, extra);
+    let run = RunAgent::new()
+        .port(port)
+        .no_gpu()
+        .args(extra)
+        .requests_log(&log);
+    let (mut agent, agent_out) = if mode == Mode::BaseCapabilities {
+        let mut setpriv = Command::new("setpriv");
+        setpriv.arg("--bounding-set=-all,+bpf,+perfmon,+sys_ptrace,+dac_read_search");
+        run.start_wrapped(setpriv)
+    } else {
+        run.start()
+    };
     writeln!(client.stdin.as_mut().unwrap()).unwrap();
     assert_eq!(said.next().unwrap().unwrap(), "done");
     assert!(client.wait().unwrap().success(), "the TLS client failed");
@@ -398,27 +397,6 @@ fn tls_files(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf, std::path::
     (cert, key, ca_file)
 }
 
-/// `cmd` (the agent, or a wrapper running it) with `run --port PORT`,
-/// its request log at `log`, once ready.
-fn start_agent(
-    cmd: &mut Command,
-    port: u16,
-    log: &Path,
-    extra: &[&str],
-) -> (tokentap_tests::Running, std::sync::mpsc::Receiver<String>) {
-    cmd.args([
-        "run",
-        "--port",
-        &port.to_string(),
-        "--no-console",
-        "--no-gpu",
-    ])
-    .args(extra)
-    .arg("--requests-log")
-    .arg(log);
-    start(cmd, "; ready", "tokentap run")
-}
-
 /// The real TLS stacks the `openai` SDK (over TLS, with the test's CA)
 /// drives with the agent between them.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -542,7 +520,11 @@ fn sdk_over_tls(stack: Stack) {
     assert_eq!(said.next().unwrap().unwrap(), "held");
 
     let log = dir.join("requests.jsonl");
-    let (mut agent, agent_out) = start_agent(&mut Command::new(tokentap_bin()), port, &log, &[]);
+    let (mut agent, agent_out) = RunAgent::new()
+        .port(port)
+        .no_gpu()
+        .requests_log(&log)
+        .start();
     std::fs::write(&hold, "").unwrap();
     assert!(held.wait().unwrap().success(), "the held client failed");
     let st = tokentap_tests::peers::die_with_parent(&mut client("new", 24, None))
@@ -717,7 +699,11 @@ fn an_engine_with_openssl_linked_in_is_attached_through_its_executable() {
         "tls_static",
     );
     let log = dir.join("requests.jsonl");
-    let (mut agent, agent_out) = start_agent(&mut Command::new(tokentap_bin()), port, &log, &[]);
+    let (mut agent, agent_out) = RunAgent::new()
+        .port(port)
+        .no_gpu()
+        .requests_log(&log)
+        .start();
     // Three streamed chats on one kept-alive connection.
     let client = r#"
 import http.client, ssl, sys

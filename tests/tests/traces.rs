@@ -8,12 +8,11 @@
 //! error status. A malformed or all-zero `traceparent` starts a trace of
 //! its own (counted), never an error.
 
-use std::{path::Path, process::Command, time::Duration};
+use std::{path::Path, time::Duration};
 
 use serde_json::{json, Value};
 use tokentap_tests::{
-    assert_root, free_port, http, interrupt, otlp, read_jsonl, scratch_dir, start, tokentap_bin,
-    Netns,
+    assert_root, free_port, http, interrupt, otlp, read_jsonl, scratch_dir, start, Netns, RunAgent,
 };
 
 const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
@@ -67,23 +66,13 @@ fn slow_and_failed_requests_are_spans_in_the_callers_trace() {
         "simengine",
     );
     let log = dir.join("requests.jsonl");
-    let (mut agent, agent_out) = start(
-        Command::new(tokentap_bin())
-            .args([
-                "run",
-                "--port",
-                &port.to_string(),
-                "--no-console",
-                "--no-gpu",
-            ])
-            .args(["--otlp-endpoint", &format!("http://127.0.0.1:{rport}")])
-            .args(["--export-interval", "1", "--traces-sample", "0"])
-            .args(["--traces-slow-ttft", "0.05"])
-            .arg("--requests-log")
-            .arg(&log),
-        "; ready",
-        "tokentap run",
-    );
+    let (mut agent, agent_out) = RunAgent::new()
+        .port(port)
+        .no_gpu()
+        .otlp(rport)
+        .args(["--traces-sample", "0", "--traces-slow-ttft", "0.05"])
+        .requests_log(&log)
+        .start();
     let addr = format!("{}:{port}", ns.ns_addr);
     let tp = |i: u64| format!("00-{TRACE}-{}-01", span_id(i));
     // Fast and fine: sampled out.

@@ -10,7 +10,6 @@ use std::{
     collections::BTreeMap,
     net::{Ipv4Addr, TcpStream},
     path::Path,
-    process::Command,
     sync::{
         atomic::{AtomicBool, Ordering},
         Arc,
@@ -20,8 +19,8 @@ use std::{
 
 use tokentap_tests::{
     assert_root, connect_from, http, interrupt,
-    otlp::{counter, histogram, run_exporting, start_receiver, sum_points},
-    read_jsonl, scratch_dir, start, start_simengine, tokentap_bin,
+    otlp::{counter, histogram, start_receiver, sum_points},
+    read_jsonl, scratch_dir, start, start_simengine, RunAgent,
 };
 
 #[test]
@@ -35,21 +34,22 @@ fn probes_scrapes_and_model_listings_are_counted_apart_and_only_chats_are_llm_re
     let all_log = dir.join("all-requests.jsonl");
     let events = dir.join("events.jsonl");
     let (engine, port, _) = start_simengine(Path::new(env!("CARGO_BIN_EXE_simengine")), &[]);
-    let (mut agent, out) = start(
-        run_exporting(engine.0.id(), &format!("http://127.0.0.1:{otlp_port}"))
-            .arg("--requests-log")
-            .arg(&log)
-            .arg("--events-log")
-            .arg(&events),
-        "; ready",
-        "tokentap run",
-    );
+    let (mut agent, out) = RunAgent::new()
+        .pid(engine.0.id())
+        .no_gpu()
+        .arg("--no-engine-metrics")
+        .otlp(otlp_port)
+        .requests_log(&log)
+        .events_log(&events)
+        .start();
     // A second agent on the same engine logs every request.
     let (mut all_agent, all_out) = start(
-        Command::new(tokentap_bin())
-            .args(["run", "--pid", &engine.0.id().to_string(), "--no-console"])
-            .args(["--no-gpu", "--log-all-requests", "--requests-log"])
-            .arg(&all_log),
+        &mut RunAgent::new()
+            .pid(engine.0.id())
+            .no_gpu()
+            .arg("--log-all-requests")
+            .requests_log(&all_log)
+            .command(),
         "; ready",
         "tokentap run --log-all-requests",
     );
@@ -220,13 +220,13 @@ fn a_long_stream_running_when_the_agent_starts_is_no_decode_error_and_its_connec
         tx.send(s).unwrap();
     });
     std::thread::sleep(Duration::from_millis(1500));
-    let (mut agent, out) = start(
-        run_exporting(engine.0.id(), &format!("http://127.0.0.1:{otlp_port}"))
-            .arg("--requests-log")
-            .arg(&log),
-        "; ready",
-        "tokentap run",
-    );
+    let (mut agent, out) = RunAgent::new()
+        .pid(engine.0.id())
+        .no_gpu()
+        .arg("--no-engine-metrics")
+        .otlp(otlp_port)
+        .requests_log(&log)
+        .start();
     let mut s = rx
         .recv_timeout(Duration::from_secs(30))
         .expect("the long stream ends");

@@ -30,6 +30,41 @@ pub fn build_floor(tc: &Toolchain) -> Result<PathBuf> {
     build_bin(tc, "floor")
 }
 
+/// Clippy on the kernel programs as they are built (nightly, the BPF
+/// target), with every warning an error and `undocumented_unsafe_blocks`
+/// on: each `unsafe` block in the kernel code says why it is sound.
+pub fn clippy(tc: &Toolchain) -> Result<()> {
+    let mut cmd = Command::new("cargo");
+    cmd.current_dir(root())
+        .args([
+            "+nightly",
+            "clippy",
+            "--package",
+            "agent-ebpf",
+            "--bin",
+            "agent-ebpf",
+            "--target",
+            "bpfel-unknown-none",
+            "-Z",
+            "build-std=core",
+            "--release",
+            "--target-dir",
+            "target/bpf-clippy",
+            "--",
+            "-D",
+            "warnings",
+            "-W",
+            "clippy::undocumented_unsafe_blocks",
+        ])
+        .env("CARGO_ENCODED_RUSTFLAGS", "-Cdebuginfo=2")
+        .env_remove("RUSTFLAGS")
+        .env_remove("RUSTC")
+        .env_remove("RUSTC_WRAPPER")
+        .env_remove("CARGO");
+    tc.apply(&mut cmd);
+    run(&mut cmd)
+}
+
 fn build_bin(tc: &Toolchain, bin: &str) -> Result<PathBuf> {
     let mut cmd = Command::new("cargo");
     cmd.current_dir(root())

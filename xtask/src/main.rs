@@ -338,13 +338,21 @@ pub fn peers() -> Result<()> {
     util::run(std::process::Command::new("bash").arg(script))
 }
 
-/// `cargo xtask bless`: the golden test with `TOKENTAP_BLESS=1`, then the
-/// diff it wrote.
+/// `cargo xtask bless`: the golden tests and docs/usage.md's flag
+/// reference with `TOKENTAP_BLESS=1`, then the diff they wrote.
 fn bless() -> Result<()> {
     build(Profile::Dev)?;
     util::run(
         util::cargo()
-            .args(["test", "-p", "tokentap-tests", "--test", "golden"])
+            .args([
+                "test",
+                "-p",
+                "tokentap-tests",
+                "--test",
+                "golden",
+                "--test",
+                "usage",
+            ])
             .env("TOKENTAP_BLESS", "1")
             .env("TOKENTAP_EBPF_OBJ", ebpf::object_path()),
     )
@@ -352,11 +360,13 @@ fn bless() -> Result<()> {
         "the golden tests failed even while blessing (a check that is not an expected file)",
     )?;
     let golden = util::root().join("tests/golden");
+    let usage = util::root().join("docs/usage.md");
     let stat = util::output(
         std::process::Command::new("git")
             .current_dir(util::root())
             .args(["diff", "--stat", "--"])
-            .arg(&golden),
+            .arg(&golden)
+            .arg(&usage),
     )?;
     if stat.trim().is_empty() {
         println!("xtask bless: every golden already says what the decoder gives; nothing written");
@@ -366,7 +376,8 @@ fn bless() -> Result<()> {
         std::process::Command::new("git")
             .current_dir(util::root())
             .args(["diff", "--"])
-            .arg(&golden),
+            .arg(&golden)
+            .arg(&usage),
     )?;
     println!("{diff}\n{stat}\nxtask bless: review the diff above before committing it");
     Ok(())

@@ -25,7 +25,8 @@ use crate::{build, ebpf, fuzz, peers, util};
 const FUZZ_SECS_IN_TEST: u64 = 6;
 
 /// `cargo fmt --check` and `cargo clippy -D warnings` over the workspace
-/// (the fuzz crate too: it is a workspace of its own).
+/// (the fuzz crate too: it is a workspace of its own), and clippy on the
+/// kernel programs as the BPF target builds them.
 fn style() -> Result<()> {
     let obj = ebpf::object_path();
     util::run(util::cargo().args(["fmt", "--all", "--check"]))
@@ -47,7 +48,10 @@ fn style() -> Result<()> {
             ])
             .env("TOKENTAP_EBPF_OBJ", &obj),
     )
-    .context("clippy found warnings (`cargo clippy --workspace --all-targets -- -D warnings`)")
+    .context("clippy found warnings (`cargo clippy --workspace --all-targets -- -D warnings`)")?;
+    ebpf::clippy(&crate::toolchain::ensure()?).context(
+        "clippy found warnings in the kernel programs (nightly, bpfel-unknown-none, with clippy::undocumented_unsafe_blocks)",
+    )
 }
 
 pub fn test(args: Vec<String>) -> Result<()> {
