@@ -423,7 +423,13 @@ def check_source(errors: list[str]) -> None:
         window_before = text[max(0, pos - 300):pos]
         window_after = text[pos:pos + 400]
         direct = re.search(r"\.(?:u64|f64|i64)_(\w+)\(\s*$", window_before)
-        if direct:
+        # A row of stage/health.rs's INSTRUMENTS: `row(Kind, "name", "unit", ...)`.
+        table_row = re.search(r"\brow\(\s*(\w+),\s*$", window_before)
+        if table_row:
+            got_kind = {"Counter": "counter", "Gauge": "gauge", "UpDown": "updown"}.get(table_row.group(1))
+            literals = re.findall(r'"([^"]*)"', window_after)
+            got_unit = literals[1] if len(literals) > 1 else None
+        elif direct:
             got_kind = BUILDER_KINDS.get(direct.group(1))
             unit_m = re.search(r'\.with_unit\("([^"]*)"\)', window_after)
             got_unit = unit_m.group(1) if unit_m else None
@@ -450,7 +456,7 @@ def check_source(errors: list[str]) -> None:
         path, pos = where[0]
         text = sources[path]
         before = text[max(0, pos - 80):pos]
-        if re.search(r"(?:_histogram|_counter|_gauge)\(\s*$", before) or re.search(r"\b(?:h|gauge|updown|obs_u64|counter|counter_by_reason)\(\s*$", before) or re.search(r"\(\s*\n\s*$", before):
+        if re.search(r"(?:_histogram|_counter|_gauge)\(\s*$", before) or re.search(r"\b(?:h|gauge|updown|obs_u64)\(\s*$", before) or re.search(r"\brow\(\s*\w+,\s*$", before) or re.search(r"\(\s*\n\s*$", before):
             errors.append(f"source: {path.relative_to(REPO)} builds instrument {name}, which deploy/prometheus/lint.py's table lacks")
 
 
@@ -463,11 +469,6 @@ def _helper_kind_unit(text: str, helper: str | None, after: str, otel: str):
         # A tuple in an array iterated by one builder (engine gauges).
         builder = re.search(r"for \(name, unit, desc, pick\) in gauges.*?\.(?:u64|f64|i64)_(\w+)\(name\)", text, re.S)
         return (BUILDER_KINDS.get(builder.group(1)) if builder else None, next_literal)
-    # A row of a table built by a `const fn` (stage/health.rs's INSTRUMENTS:
-    # `counter("name", "unit", ...)`): the function fixes the kind.
-    table_fn = re.search(rf"const fn {re.escape(helper)}\(.*?kind: HealthKind::(\w+)", text, re.S)
-    if table_fn:
-        return ({"Counter": "counter", "Gauge": "gauge", "UpDown": "updown"}.get(table_fn.group(1)), next_literal)
     definition = re.search(rf"let {re.escape(helper)}\s*=\s*\|[^|]*\|.*?\.(?:u64|f64|i64)_(\w+)\(name\)(.*?)\.build\(\)", text, re.S)
     if not definition:
         # The tuple form: `(\n "name", "unit", ...)`, helper is None above;
@@ -931,7 +932,7 @@ def self_test() -> int:
              lambda a, r, t, d: ATTRIBUTES.update({"hw.gpu.utilization": DEVICE_KEYS | {"hw.gpu.mig_profile"}}))
     breakage("a table entry with a wrong unit", "has unit 's' in agent/src/sinks/otlp/mod.rs, the table says 'ms'",
              lambda a, r, t, d: INSTRUMENTS.update({"gen_ai.server.time_to_first_token": ("histogram", "ms")}))
-    breakage("a table entry with a wrong kind", "is built as 'counter' in agent/src/sinks/otlp/mod.rs, the table says 'updown'",
+    breakage("a table entry with a wrong kind", "is built as 'counter' in agent/src/stage/health.rs, the table says 'updown'",
              lambda a, r, t, d: INSTRUMENTS.update({"tokentap.export.failures": ("updown", "{export}")}))
     breakage("an instrument missing from the table", "lacks",
              lambda a, r, t, d: INSTRUMENTS.pop("tokentap.self_requests"))

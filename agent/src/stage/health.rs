@@ -222,63 +222,20 @@ pub struct HealthInstrument {
     pub read: Reading,
 }
 
-const fn counter(
+/// A row of [`INSTRUMENTS`].
+const fn row(
+    kind: HealthKind,
     name: &'static str,
     unit: &'static str,
     description: &'static str,
-    read: fn(&Health) -> i64,
+    read: Reading,
 ) -> HealthInstrument {
     HealthInstrument {
         name,
         unit,
         description,
-        kind: HealthKind::Counter,
-        read: Reading::One(read),
-    }
-}
-
-const fn gauge(
-    name: &'static str,
-    unit: &'static str,
-    description: &'static str,
-    read: fn(&Health) -> i64,
-) -> HealthInstrument {
-    HealthInstrument {
-        name,
-        unit,
-        description,
-        kind: HealthKind::Gauge,
-        read: Reading::One(read),
-    }
-}
-
-const fn updown(
-    name: &'static str,
-    unit: &'static str,
-    description: &'static str,
-    read: fn(&Health) -> i64,
-) -> HealthInstrument {
-    HealthInstrument {
-        name,
-        unit,
-        description,
-        kind: HealthKind::UpDown,
-        read: Reading::One(read),
-    }
-}
-
-const fn counter_by_reason(
-    name: &'static str,
-    unit: &'static str,
-    description: &'static str,
-    read: fn(&Health) -> Vec<(&'static str, u64)>,
-) -> HealthInstrument {
-    HealthInstrument {
-        name,
-        unit,
-        description,
-        kind: HealthKind::Counter,
-        read: Reading::ByReason(read),
+        kind,
+        read,
     }
 }
 
@@ -301,37 +258,40 @@ fn reasons(h: &Health) -> crate::decode::ProtocolCounts {
         .clone()
 }
 
+use HealthKind::{Counter, Gauge, UpDown};
+use Reading::{ByReason, One};
+
 /// The agent's health instruments (`tokentap.*`): the one list of them.
 pub static INSTRUMENTS: &[HealthInstrument] = &[
-    counter("tokentap.capture.events", "{event}", "Socket events captured", |h| load(&h.events)),
-    counter("tokentap.capture.dropped", "{record}", "Kernel records dropped (ring buffer full)", |h| load(&h.dropped)),
-    counter("tokentap.capture.bodies_left", "{call}", "Reads of a request beyond its first 16 KiB left in the kernel while the capture was under pressure (the ring buffer filling or the decoder over --max-decode-memory): their length counted, their bytes not copied, the request's input tokens estimated", |h| load(&h.bodies_left)),
-    counter("tokentap.capture.pressure", "{episode}", "Times the capture went under pressure (ring buffer a quarter full, or the decoder over its memory budget)", |h| load(&h.pressure_episodes)),
-    counter("tokentap.decode.errors", "{error}", "Connections whose bytes stopped being HTTP", |h| load(&h.decode_errors)),
-    counter("tokentap.decode.unsupported_protocol", "{connection}", "Connections speaking a protocol the decoder does not follow (TLS, upgrades other than h2c)", |h| load(&h.unsupported_protocol)),
-    counter("tokentap.decode.tls", "{connection}", "Connections carrying TLS (ciphertext, not decoded): served ones also count in tokentap.decode.unsupported_protocol, an engine's own outgoing HTTPS only here", |h| load(&h.tls)),
-    counter("tokentap.decode.joined_mid_stream", "{connection}", "Connections found already open (agent start, a new engine): decoded from their next request on, what was in flight on them not recorded", |h| load(&h.joined)),
-    counter("tokentap.decode.http2", "{connection}", "Connections decoded as HTTP/2 (prior knowledge, or recognised by their frames when found open)", |h| load(&h.http2)),
-    counter("tokentap.decode.unresolved_headers", "{field}", "HTTP/2 header fields that named a header-table entry sent before the agent joined the connection (their values unknown)", |h| load(&h.unresolved_headers)),
-    counter("tokentap.tls.calls", "{call}", "OpenSSL SSL_read/SSL_write calls of targets whose plaintext was captured", |h| tls(h).calls as i64),
-    counter("tokentap.tls.unattributed", "{call}", "OpenSSL calls that returned plaintext on a socket tokentap could not name (no socket call inside, no memory BIO tied to one): not captured", |h| tls(h).unattributed as i64),
-    counter("tokentap.tls.bios_linked", "{bio}", "Memory BIOs (asyncio/uvicorn TLS) tied to their socket by content", |h| tls(h).bios_linked as i64),
-    gauge("tokentap.tls.processes", "{process}", "Target processes whose OpenSSL is probed now", |h| tls(h).source.processes as i64),
-    gauge("tokentap.tls.libraries", "{file}", "OpenSSL library files (device, inode) probed now", |h| tls(h).source.libraries as i64),
-    counter_by_reason("tokentap.tls.attach_failures", "{process}", "Target processes whose TLS is not read, by reason (permission: the kernel refuses uprobes without CAP_SYS_ADMIN; java, boringssl, gnutls: stacks tokentap cannot read; symbol_missing, unreadable, attach, load; memory_bio: socket BIOs only)", |h| tls(h).source.attach_failures.iter().map(|(r, n)| (r.as_str(), *n)).collect()),
-    counter("tokentap.tls.undecoded", "{connection}", "Served TLS connections that ended without plaintext (the engine's TLS is not OpenSSL, or --no-tls): their requests are not measured; also in tokentap.decode.unsupported_protocol", |h| load(&h.tls_undecoded)),
-    counter_by_reason("tokentap.decode.http2.dropped", "{connection}", "HTTP/2 connections dropped from decoding, by reason (malformed frames, HPACK errors, a header block that never ends, a gRPC length past 64 MiB, a reused stream id, too many streams); also counted in tokentap.decode.errors", |h| reasons(h).http2_dropped),
-    counter_by_reason("tokentap.files.refused", "{file}", "Engines' files (under /proc/PID/root) not read, by reason: not_regular (a FIFO, socket or device where a file was expected: never opened), oversized, no_openat2 (paths cannot be resolved inside the container: nothing read)", |_| crate::host::rootfs::refused().to_vec()),
-    counter_by_reason("tokentap.decode.shed", "{cut}", "What the decoder's memory budget (--max-decode-memory) took back, by reason: response_body (a non-streamed body not read: its tokens unknown), stream_event (a stream event being assembled), gateway_held (the gateway join's waiting records, released unjoined), partial_head (an idle connection's unfinished head or header block: decoded again from its next request), in_flight (a connection's requests ended as truncated_capture)", |h| reasons(h).shed.iter().map(|(r, n)| (r.as_str(), *n)).collect()),
-    gauge("tokentap.decode.memory", "By", "Bytes the decoder's connections hold now (parsing buffers, header tables, per-connection state), against --max-decode-memory", |h| load(&h.decode_memory)),
-    counter_by_reason("tokentap.decode.grpc.skipped", "{message}", "gRPC messages not read, by reason (unsupported_compression, oversized: read from their leading fields, bad_message, unrecognised service, orphan_response)", |h| reasons(h).grpc_skipped.iter().map(|(r, n)| (r.as_str(), *n)).collect()),
-    counter("tokentap.metrics.attribute_overflow", "{value}", "Attribute values exported as \"other\" by a cardinality cap (--max-models, --max-tenants)", |h| load(&h.attribute_overflow)),
-    counter("tokentap.self_requests", "{request}", "Requests the agent made itself (engine /metrics scrapes), not recorded as LLM requests", |h| load(&h.self_requests)),
-    counter("tokentap.events.folded", "{event}", "Timeline events over the ceiling ([events] max_events_per_minute), folded into one events.folded per minute", |h| load(&h.events_folded)),
-    counter("tokentap.engine.scrape.failures", "{scrape}", "Engine /metrics scrapes that failed (timeout, refused, HTTP or parse error)", |h| load(&h.scrape_failures)),
-    counter("tokentap.export.failures", "{export}", "OTLP exports that failed", |h| load(&h.export_failures)),
-    updown("tokentap.connections.active", "{connection}", "Connections of targets open now", |h| h.connections.load(Relaxed)),
-    updown("tokentap.requests.in_flight", "{request}", "Requests received and not yet answered (concurrency)", |h| h.in_flight.load(Relaxed)),
+    row(Counter, "tokentap.capture.events", "{event}", "Socket events captured", One(|h| load(&h.events))),
+    row(Counter, "tokentap.capture.dropped", "{record}", "Kernel records dropped (ring buffer full)", One(|h| load(&h.dropped))),
+    row(Counter, "tokentap.capture.bodies_left", "{call}", "Reads of a request beyond its first 16 KiB left in the kernel while the capture was under pressure (the ring buffer filling or the decoder over --max-decode-memory): their length counted, their bytes not copied, the request's input tokens estimated", One(|h| load(&h.bodies_left))),
+    row(Counter, "tokentap.capture.pressure", "{episode}", "Times the capture went under pressure (ring buffer a quarter full, or the decoder over its memory budget)", One(|h| load(&h.pressure_episodes))),
+    row(Counter, "tokentap.decode.errors", "{error}", "Connections whose bytes stopped being HTTP", One(|h| load(&h.decode_errors))),
+    row(Counter, "tokentap.decode.unsupported_protocol", "{connection}", "Connections speaking a protocol the decoder does not follow (TLS, upgrades other than h2c)", One(|h| load(&h.unsupported_protocol))),
+    row(Counter, "tokentap.decode.tls", "{connection}", "Connections carrying TLS (ciphertext, not decoded): served ones also count in tokentap.decode.unsupported_protocol, an engine's own outgoing HTTPS only here", One(|h| load(&h.tls))),
+    row(Counter, "tokentap.decode.joined_mid_stream", "{connection}", "Connections found already open (agent start, a new engine): decoded from their next request on, what was in flight on them not recorded", One(|h| load(&h.joined))),
+    row(Counter, "tokentap.decode.http2", "{connection}", "Connections decoded as HTTP/2 (prior knowledge, or recognised by their frames when found open)", One(|h| load(&h.http2))),
+    row(Counter, "tokentap.decode.unresolved_headers", "{field}", "HTTP/2 header fields that named a header-table entry sent before the agent joined the connection (their values unknown)", One(|h| load(&h.unresolved_headers))),
+    row(Counter, "tokentap.tls.calls", "{call}", "OpenSSL SSL_read/SSL_write calls of targets whose plaintext was captured", One(|h| tls(h).calls as i64)),
+    row(Counter, "tokentap.tls.unattributed", "{call}", "OpenSSL calls that returned plaintext on a socket tokentap could not name (no socket call inside, no memory BIO tied to one): not captured", One(|h| tls(h).unattributed as i64)),
+    row(Counter, "tokentap.tls.bios_linked", "{bio}", "Memory BIOs (asyncio/uvicorn TLS) tied to their socket by content", One(|h| tls(h).bios_linked as i64)),
+    row(Gauge, "tokentap.tls.processes", "{process}", "Target processes whose OpenSSL is probed now", One(|h| tls(h).source.processes as i64)),
+    row(Gauge, "tokentap.tls.libraries", "{file}", "OpenSSL library files (device, inode) probed now", One(|h| tls(h).source.libraries as i64)),
+    row(Counter, "tokentap.tls.attach_failures", "{process}", "Target processes whose TLS is not read, by reason (permission: the kernel refuses uprobes without CAP_SYS_ADMIN; java, boringssl, gnutls: stacks tokentap cannot read; symbol_missing, unreadable, attach, load; memory_bio: socket BIOs only)", ByReason(|h| tls(h).source.attach_failures.iter().map(|(r, n)| (r.as_str(), *n)).collect())),
+    row(Counter, "tokentap.tls.undecoded", "{connection}", "Served TLS connections that ended without plaintext (the engine's TLS is not OpenSSL, or --no-tls): their requests are not measured; also in tokentap.decode.unsupported_protocol", One(|h| load(&h.tls_undecoded))),
+    row(Counter, "tokentap.decode.http2.dropped", "{connection}", "HTTP/2 connections dropped from decoding, by reason (malformed frames, HPACK errors, a header block that never ends, a gRPC length past 64 MiB, a reused stream id, too many streams); also counted in tokentap.decode.errors", ByReason(|h| reasons(h).http2_dropped)),
+    row(Counter, "tokentap.files.refused", "{file}", "Engines' files (under /proc/PID/root) not read, by reason: not_regular (a FIFO, socket or device where a file was expected: never opened), oversized, no_openat2 (paths cannot be resolved inside the container: nothing read)", ByReason(|_| crate::host::rootfs::refused().to_vec())),
+    row(Counter, "tokentap.decode.shed", "{cut}", "What the decoder's memory budget (--max-decode-memory) took back, by reason: response_body (a non-streamed body not read: its tokens unknown), stream_event (a stream event being assembled), gateway_held (the gateway join's waiting records, released unjoined), partial_head (an idle connection's unfinished head or header block: decoded again from its next request), in_flight (a connection's requests ended as truncated_capture)", ByReason(|h| reasons(h).shed.iter().map(|(r, n)| (r.as_str(), *n)).collect())),
+    row(Gauge, "tokentap.decode.memory", "By", "Bytes the decoder's connections hold now (parsing buffers, header tables, per-connection state), against --max-decode-memory", One(|h| load(&h.decode_memory))),
+    row(Counter, "tokentap.decode.grpc.skipped", "{message}", "gRPC messages not read, by reason (unsupported_compression, oversized: read from their leading fields, bad_message, unrecognised service, orphan_response)", ByReason(|h| reasons(h).grpc_skipped.iter().map(|(r, n)| (r.as_str(), *n)).collect())),
+    row(Counter, "tokentap.metrics.attribute_overflow", "{value}", "Attribute values exported as \"other\" by a cardinality cap (--max-models, --max-tenants)", One(|h| load(&h.attribute_overflow))),
+    row(Counter, "tokentap.self_requests", "{request}", "Requests the agent made itself (engine /metrics scrapes), not recorded as LLM requests", One(|h| load(&h.self_requests))),
+    row(Counter, "tokentap.events.folded", "{event}", "Timeline events over the ceiling ([events] max_events_per_minute), folded into one events.folded per minute", One(|h| load(&h.events_folded))),
+    row(Counter, "tokentap.engine.scrape.failures", "{scrape}", "Engine /metrics scrapes that failed (timeout, refused, HTTP or parse error)", One(|h| load(&h.scrape_failures))),
+    row(Counter, "tokentap.export.failures", "{export}", "OTLP exports that failed", One(|h| load(&h.export_failures))),
+    row(UpDown, "tokentap.connections.active", "{connection}", "Connections of targets open now", One(|h| h.connections.load(Relaxed))),
+    row(UpDown, "tokentap.requests.in_flight", "{request}", "Requests received and not yet answered (concurrency)", One(|h| h.in_flight.load(Relaxed))),
 ];
 
 fn started() -> std::time::Instant {

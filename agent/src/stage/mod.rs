@@ -45,8 +45,11 @@ pub trait Sink {
     fn event(&mut self, _e: &events::Event) -> Result<()> {
         Ok(())
     }
-    /// Periodic work: flush, redraw, publish. Called once per pipeline tick.
-    fn tick(&mut self, t: &Tick<'_>) -> Result<()>;
+    /// Periodic work: flush, redraw, publish. Called once per pipeline
+    /// tick; a sink whose exports run on a thread of their own has none.
+    fn tick(&mut self, _t: &Tick<'_>) -> Result<()> {
+        Ok(())
+    }
     /// Last chance to flush or export; called once, after the last record.
     fn shutdown(self: Box<Self>, t: &Tick<'_>) -> Result<()>;
 }

@@ -136,19 +136,10 @@ impl Sink for EventExport {
         Ok(())
     }
 
-    /// The SDK's batch processor exports on its own thread.
-    fn tick(&mut self, _: &Tick<'_>) -> Result<()> {
-        Ok(())
-    }
-
-    /// Exports what is queued: blocking, off the async workers (the gRPC
-    /// client needs them meanwhile).
+    /// The SDK's batch processor exports on its own thread; what is
+    /// queued goes at the end.
     fn shutdown(self: Box<Self>, _: &Tick<'_>) -> Result<()> {
-        tokio::task::block_in_place(move || {
-            if let Err(e) = self.provider.shutdown() {
-                eprintln!("tokentap: final OTLP export of events did not complete: {e}");
-            }
-        });
+        crate::sinks::otlp::final_export("events", move || self.provider.shutdown());
         Ok(())
     }
 }

@@ -508,6 +508,20 @@ fn http_method(m: &str) -> &'static str {
         .unwrap_or("_OTHER")
 }
 
+/// A provider's last export (`shutdown`), blocking, off the async workers
+/// (the gRPC client needs them meanwhile); a failure is said, naming
+/// `what`.
+pub(crate) fn final_export(
+    what: &str,
+    shutdown: impl FnOnce() -> opentelemetry_sdk::error::OTelSdkResult,
+) {
+    tokio::task::block_in_place(move || {
+        if let Err(e) = shutdown() {
+            eprintln!("tokentap: final OTLP export of {what} did not complete: {e}");
+        }
+    });
+}
+
 /// The agent's health instruments (`stage::health::INSTRUMENTS`), read
 /// from `health` when the SDK collects.
 fn register_health(meter: &opentelemetry::metrics::Meter, health: &Arc<Health>) {
@@ -525,43 +539,26 @@ fn register_health(meter: &opentelemetry::metrics::Meter, health: &Arc<Health>) 
                     .collect(),
             }
         };
+        // One builder per kind; the same unit, description and callback.
+        macro_rules! register {
+            ($builder:ident, $value:expr) => {
+                meter
+                    .$builder(i.name)
+                    .with_unit(i.unit)
+                    .with_description(i.description)
+                    .with_callback(move |o| {
+                        for (v, a) in values() {
+                            o.observe($value(v), &a);
+                        }
+                    })
+                    .build()
+            };
+        }
+        let non_negative = |v: i64| v.max(0) as u64;
         match i.kind {
-            HealthKind::Counter => {
-                meter
-                    .u64_observable_counter(i.name)
-                    .with_unit(i.unit)
-                    .with_description(i.description)
-                    .with_callback(move |o| {
-                        for (v, a) in values() {
-                            o.observe(v.max(0) as u64, &a);
-                        }
-                    })
-                    .build();
-            }
-            HealthKind::Gauge => {
-                meter
-                    .u64_observable_gauge(i.name)
-                    .with_unit(i.unit)
-                    .with_description(i.description)
-                    .with_callback(move |o| {
-                        for (v, a) in values() {
-                            o.observe(v.max(0) as u64, &a);
-                        }
-                    })
-                    .build();
-            }
-            HealthKind::UpDown => {
-                meter
-                    .i64_observable_up_down_counter(i.name)
-                    .with_unit(i.unit)
-                    .with_description(i.description)
-                    .with_callback(move |o| {
-                        for (v, a) in values() {
-                            o.observe(v, &a);
-                        }
-                    })
-                    .build();
-            }
+            HealthKind::Counter => drop(register!(u64_observable_counter, non_negative)),
+            HealthKind::Gauge => drop(register!(u64_observable_gauge, non_negative)),
+            HealthKind::UpDown => drop(register!(i64_observable_up_down_counter, |v: i64| v)),
         }
     }
 }
