@@ -302,17 +302,18 @@ fn values_follow_the_scripted_time_steps() {
         "devices": [{"uuid": "GPU-0", "name": "NVIDIA L4"}],
         "steps": [
             {"t_ms": 0, "devices": [gpu_values(10, 1_000_000, &[])]},
-            {"t_ms": 700, "devices": [later]}
+            {"t_ms": 2500, "devices": [later]}
         ]
     }));
+    // Steps 2.5 s apart: a loaded 2-core machine's pauses stay inside one.
     let started = Instant::now();
     let mut sampler = Sampler::new(cfg(&s.lib()));
     let first = sampler.sample(1).expect("first sample");
     assert!(
-        started.elapsed() < Duration::from_millis(600),
+        started.elapsed() < Duration::from_millis(2300),
         "the first pass must land in the first step"
     );
-    std::thread::sleep(Duration::from_millis(900).saturating_sub(started.elapsed()));
+    std::thread::sleep(Duration::from_millis(2700).saturating_sub(started.elapsed()));
     let second = sampler.sample(2).expect("second sample");
     let (a, b) = (&first.devices[0], &second.devices[0]);
     assert_eq!((a.util_gpu, b.util_gpu), (Some(0.1), Some(0.9)));
@@ -458,13 +459,14 @@ fn a_gpu_lost_mid_run_is_dropped_and_the_others_go_on() {
         ],
         "steps": [
             {"t_ms": 0, "devices": [ok, ok, ok]},
-            {"t_ms": 500, "devices": [ok, lost, unknown]}
+            {"t_ms": 2000, "devices": [ok, lost, unknown]}
         ]
     }));
+    // Steps 2 s apart: a loaded 2-core machine's pauses stay inside one.
     let started = Instant::now();
     let mut sampler = Sampler::new(cfg(&s.lib()));
     assert_eq!(sampler.sample(1).expect("a sample").devices.len(), 3);
-    std::thread::sleep(Duration::from_millis(700).saturating_sub(started.elapsed()));
+    std::thread::sleep(Duration::from_millis(2200).saturating_sub(started.elapsed()));
     for pass in 1..=3 {
         let sample = sampler.sample(2).expect("the sampler goes on");
         let uuids: Vec<_> = sample.devices.iter().map(|d| d.uuid.as_str()).collect();
@@ -492,12 +494,13 @@ fn every_gpu_lost_reinitialises_nvml() {
     // the GPU is back (as after a driver reload).
     s.scenario(&json!({
         "devices": [{"uuid": "GPU-0", "name": "NVIDIA H100"}],
-        "steps": [{"t_ms": 0, "devices": [ok]}, {"t_ms": 400, "devices": [lost]}]
+        "steps": [{"t_ms": 0, "devices": [ok]}, {"t_ms": 2000, "devices": [lost]}]
     }));
+    // Steps 2 s apart: a loaded 2-core machine's pauses stay inside one.
     let started = Instant::now();
     let mut sampler = Sampler::new(cfg(&s.lib()));
     assert!(sampler.sample(1).is_some());
-    std::thread::sleep(Duration::from_millis(500).saturating_sub(started.elapsed()));
+    std::thread::sleep(Duration::from_millis(2100).saturating_sub(started.elapsed()));
     assert_eq!(sampler.sample(2), None, "every GPU lost");
     let Availability::Unavailable { reason } = sampler.status().availability else {
         panic!("still available");
@@ -639,9 +642,11 @@ fn the_sampler_thread_stops_and_shuts_nvml_down_on_drop() {
     );
     let t = Instant::now();
     drop(handle);
+    // A pass takes milliseconds; 3 s leaves a loaded machine its pauses.
     assert!(
-        t.elapsed() < Duration::from_secs(1),
-        "drop waits for a pass at most"
+        t.elapsed() < Duration::from_secs(3),
+        "drop waits for a pass at most ({:?})",
+        t.elapsed()
     );
     let calls = s.calls();
     let shutdowns: Vec<_> = calls.iter().filter(|c| c["event"] == "shutdown").collect();
@@ -662,7 +667,11 @@ fn the_sampler_thread_stops_and_shuts_nvml_down_on_drop() {
         .expect("the first pass is immediate");
     let t = Instant::now();
     drop(handle);
-    assert!(t.elapsed() < Duration::from_secs(1));
+    assert!(
+        t.elapsed() < Duration::from_secs(3),
+        "drop waited for the 60 s interval ({:?})",
+        t.elapsed()
+    );
     assert_eq!(
         s.calls()
             .iter()

@@ -29,7 +29,7 @@ pub(super) fn interpret(json: &[u8]) -> Option<EventInfo<'_>> {
         info.input_tokens = o
             .tokens_evaluated
             .0
-            .or(o.timings.as_ref().and_then(|t| t.prompt_n.0));
+            .or(o.timings.as_ref().and_then(|t| t.input_tokens()));
     }
     if let Some(t) = &o.timings {
         info.stages.merge(&t.stages());
@@ -61,6 +61,11 @@ mod tests {
         assert_eq!(e.stages.prefill_us, Some(12_346));
         assert_eq!(e.stages.decode_us, Some(50_500));
         assert_eq!(e.stages.cached_input_tokens, Some(3));
+        assert_eq!(
+            e.input_tokens,
+            Some(7),
+            "the prompt is what was evaluated and what came from the cache"
+        );
         assert_eq!(e.stages.engine_queue_us, None);
         assert_eq!(e.stages.source, Some(StagesSource::LLAMACPP_TIMINGS));
         let e = interpret(br#"{"content":"x","stop":false}"#).unwrap();

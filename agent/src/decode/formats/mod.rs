@@ -597,6 +597,14 @@ struct Timings {
 }
 
 impl Timings {
+    /// The prompt's tokens: those evaluated now (`prompt_n`) and those
+    /// taken from the slot's prompt cache (`cache_n`). llama-server
+    /// answering a multi-turn chat from its cache says `prompt_n: 1,
+    /// cache_n: 37` where its own `usage.prompt_tokens` says 38.
+    fn input_tokens(&self) -> Option<u64> {
+        self.prompt_n.0.map(|n| n + self.cache_n.0.unwrap_or(0))
+    }
+
     fn stages(&self) -> Stages {
         Stages {
             prefill_us: self.prompt_ms.0.and_then(ms_to_us),

@@ -322,7 +322,7 @@ fn serde_interpret(format: Format, json: &[u8]) -> Option<EventInfo<'_>> {
     // client did not ask for usage.
     if let Some(t) = &o.timings.0 {
         if info.input_tokens.is_none() {
-            info.input_tokens = t.prompt_n.0;
+            info.input_tokens = t.input_tokens();
         }
         if info.output_tokens.is_none() {
             info.output_tokens = t.predicted_n.0;
@@ -559,6 +559,16 @@ mod tests {
         )
         .unwrap();
         assert_eq!((e.input_tokens, e.output_tokens), (Some(4), Some(9)));
+        // Answered from the prompt cache (a multi-turn chat): the same
+        // chunk's usage, when asked for, says 13 = 8 evaluated + 5 cached
+        // (the next test's real chunk).
+        let e = interpret_any(
+            Format::OpenAiChat,
+            br#"{"choices":[],"timings":{"cache_n":5,"prompt_n":8,"predicted_n":8}}"#,
+        )
+        .unwrap();
+        assert_eq!(e.input_tokens, Some(13));
+        assert_eq!(e.stages.cached_input_tokens, Some(5));
     }
 
     #[test]
