@@ -88,6 +88,9 @@ pub struct RequestRecord {
     pub output_tokens: Option<u64>,
     /// Both token counts came from the server's own report.
     pub tokens_exact: bool,
+    /// Where the counts came from: `usage`, `engine` (another report of
+    /// the engine's own) or `estimate`; per direction when they differ.
+    pub tokens_source: Option<crate::vocab::TokenSources>,
     pub finish_reason: Option<String>,
     pub error_type: Option<ErrorType>,
     /// Time to the first reasoning token, when reasoning preceded answer

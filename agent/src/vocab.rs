@@ -172,6 +172,58 @@ impl std::fmt::Display for TlsRefusal {
     }
 }
 
+/// Where a token count came from (`tokens_source`): the response's OpenAI
+/// `usage` object; another report of the engine's own (llama.cpp
+/// `timings` or `tokens_evaluated`/`tokens_predicted`, Ollama's counts,
+/// TGI's `details`, gRPC token ids and counts); or tokentap's estimate
+/// (input: prompt characters / 4; output: content chunks).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TokenSource {
+    Usage,
+    Engine,
+    Estimate,
+}
+
+/// Where a record's two counts came from: one name when they agree (or
+/// only one is known), `{"input": …, "output": …}` when they differ.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TokenSources {
+    pub input: Option<TokenSource>,
+    pub output: Option<TokenSource>,
+}
+
+impl TokenSources {
+    /// None when neither count is known.
+    pub fn of(input: Option<TokenSource>, output: Option<TokenSource>) -> Option<Self> {
+        (input.is_some() || output.is_some()).then_some(Self { input, output })
+    }
+
+    /// Both known counts are the engine's own (`usage` or another report).
+    pub fn exact(self) -> bool {
+        [self.input, self.output]
+            .into_iter()
+            .flatten()
+            .all(|s| s != TokenSource::Estimate)
+    }
+}
+
+impl serde::Serialize for TokenSources {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        match (self.input, self.output) {
+            (Some(a), Some(b)) if a != b => {
+                let mut m = s.serialize_map(Some(2))?;
+                m.serialize_entry("input", &a)?;
+                m.serialize_entry("output", &b)?;
+                m.end()
+            }
+            (Some(a), _) | (None, Some(a)) => a.serialize(s),
+            (None, None) => s.serialize_none(),
+        }
+    }
+}
+
 /// Whom a timeline event is about: a request's tenant, else its caller
 /// (never both: a tenant names the caller's organisation).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

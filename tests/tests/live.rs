@@ -193,6 +193,15 @@ fn two_hundred_scripted_requests_match_the_engines_clock() {
                 ));
                 if t["stream"] == true {
                     assert_eq!(r["tokens_exact"], t["usage"], "{r}");
+                    // With usage both counts are its; without, both are
+                    // estimates (the simulated engine's prompt / 4, its
+                    // chunks).
+                    let source = if t["usage"] == true {
+                        "usage"
+                    } else {
+                        "estimate"
+                    };
+                    assert_eq!(r["tokens_source"], source, "{r}");
                     assert_eq!(r["chunks"], tokens);
                     let (f_lo, f_hi) = br(&t["first"]);
                     let (l_lo, l_hi) = br(&t["last"]);
@@ -215,6 +224,7 @@ fn two_hundred_scripted_requests_match_the_engines_clock() {
                     }
                 } else {
                     assert_eq!(r["tokens_exact"], true);
+                    assert_eq!(r["tokens_source"], "usage", "{r}");
                     assert_eq!(r["stream"], false);
                 }
             }

@@ -12,7 +12,7 @@ use crate::identity::{
     request_type::{builtin, Endpoint, Facts, Rules},
 };
 use crate::record::{rfc3339, Finished, RequestRecord};
-use crate::vocab::{ErrorType, T0Source, T1Source};
+use crate::vocab::{ErrorType, T0Source, T1Source, TokenSource, TokenSources};
 
 fn secs(ns: u64) -> f64 {
     ns as f64 / 1e9
@@ -77,6 +77,9 @@ pub struct Exchange {
     response_model: Option<String>,
     input_tokens: Option<u64>,
     output_tokens: Option<u64>,
+    /// Where `input_tokens`/`output_tokens` came from.
+    input_source: TokenSource,
+    output_source: TokenSource,
     finish_reason: Option<String>,
     stream_error: bool,
     /// The stream's own end marker was written (`data: [DONE]`, Ollama
@@ -132,6 +135,8 @@ impl Exchange {
             response_model: None,
             input_tokens: None,
             output_tokens: None,
+            input_source: TokenSource::Engine,
+            output_source: TokenSource::Engine,
             finish_reason: None,
             stream_error: false,
             stream_ended: false,
@@ -216,11 +221,20 @@ impl Exchange {
                 self.response_model = Some(m.into_owned());
             }
         }
+        let from = |usage: bool| {
+            if usage {
+                TokenSource::Usage
+            } else {
+                TokenSource::Engine
+            }
+        };
         if info.input_tokens.is_some() {
             self.input_tokens = info.input_tokens;
+            self.input_source = from(info.input_from_usage);
         }
         if info.output_tokens.is_some() {
             self.output_tokens = info.output_tokens;
+            self.output_source = from(info.output_from_usage);
         }
         if let Some(f) = info.finish_reason {
             self.finish_reason = Some(f.into_owned());
@@ -262,6 +276,16 @@ impl Exchange {
         });
         let tokens_exact = self.input_tokens.is_some()
             && (exact_out.is_some() || self.format == Format::OpenAiEmbeddings);
+        let source =
+            |exact: Option<u64>, given: TokenSource, counted: Option<u64>| match (exact, counted) {
+                (Some(_), _) => Some(given),
+                (None, Some(_)) => Some(TokenSource::Estimate),
+                (None, None) => None,
+            };
+        let tokens_source = TokenSources::of(
+            source(self.input_tokens, self.input_source, in_tokens),
+            source(exact_out, self.output_source, out_tokens),
+        );
         // TTFT and TPOT are kept whatever happened after the first content
         // (a client that gave up, a reset, an error event): the outcome is
         // in `error_type`; dropping them would hide the slow requests users
@@ -339,6 +363,7 @@ impl Exchange {
             input_tokens: in_tokens,
             output_tokens: out_tokens,
             tokens_exact,
+            tokens_source,
             finish_reason: self.finish_reason,
             error_type,
             ttft_reasoning_s: if ttft_s.is_some() && reasoning_first {
@@ -454,6 +479,10 @@ mod tests {
         assert_eq!(r.chunks, Some(3));
         assert_eq!(f.chunk_gaps_s.len(), 1);
         assert!(r.tokens_exact);
+        assert_eq!(
+            serde_json::to_value(r.tokens_source).unwrap(),
+            serde_json::json!("engine")
+        );
         assert_eq!(r.error_type, None);
     }
 
@@ -467,6 +496,7 @@ mod tests {
         assert_eq!(r.output_tokens, None);
         assert_eq!(r.input_tokens, None);
         assert!(!r.tokens_exact);
+        assert_eq!(r.tokens_source, None, "no count, no source");
     }
 
     #[test]
@@ -484,5 +514,33 @@ mod tests {
         assert_eq!(r.tpot_s, Some(200e-9));
         assert_eq!(r.ttft_answer_s, Some(100e-9));
         assert_eq!(r.output_tokens, Some(3));
+        assert_eq!(
+            serde_json::to_value(r.tokens_source).unwrap(),
+            serde_json::json!("estimate"),
+            "three chunks counted"
+        );
+    }
+
+    #[test]
+    fn token_sources_are_named_per_direction_when_they_differ() {
+        // The usage object names the input only; the output is counted.
+        let mut x = Exchange::new(1, 1, None, None, "POST", "/v1/chat/completions", 0);
+        x.status = Some(200);
+        x.stream = true;
+        x.on_stream_event(100, content(Content::Answer));
+        x.on_stream_event(
+            200,
+            EventInfo {
+                input_tokens: Some(7),
+                input_from_usage: true,
+                ..EventInfo::default()
+            },
+        );
+        let r = x.finish(300, None).record;
+        assert!(!r.tokens_exact);
+        assert_eq!(
+            serde_json::to_value(r.tokens_source).unwrap(),
+            serde_json::json!({"input": "usage", "output": "estimate"})
+        );
     }
 }

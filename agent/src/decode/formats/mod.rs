@@ -212,6 +212,10 @@ pub struct EventInfo<'a> {
     pub model: Option<Cow<'a, str>>,
     pub input_tokens: Option<u64>,
     pub output_tokens: Option<u64>,
+    /// The counts above came from an OpenAI `usage` object (else from
+    /// another report of the engine's own).
+    pub input_from_usage: bool,
+    pub output_from_usage: bool,
     pub finish_reason: Option<Cow<'a, str>>,
     /// The event reports an error (an `error` object, a failed response).
     pub error: bool,
@@ -293,6 +297,8 @@ impl Default for EventInfo<'_> {
             model: None,
             input_tokens: None,
             output_tokens: None,
+            input_from_usage: false,
+            output_from_usage: false,
             finish_reason: None,
             error: false,
             end_of_stream: false,
@@ -645,9 +651,11 @@ impl VllmMetrics {
 fn usage_into(u: &Usage, info: &mut EventInfo<'_>) {
     if let Some(n) = u.prompt_tokens.0.or(u.input_tokens.0) {
         info.input_tokens = Some(n);
+        info.input_from_usage = true;
     }
     if let Some(n) = u.completion_tokens.0.or(u.output_tokens.0) {
         info.output_tokens = Some(n);
+        info.output_from_usage = true;
     }
     let cached = u
         .prompt_tokens_details
