@@ -732,8 +732,10 @@ pub fn interrupt(p: &mut Running, out: mpsc::Receiver<String>) -> (bool, Vec<Str
 /// agent goes through this, so a flag every test needs (or a renamed one)
 /// changes here once.
 ///
-/// ```ignore
-/// let (agent, out) = RunAgent::new().port(8000).no_gpu().requests_log(&log).start();
+/// ```no_run
+/// use tokentap_tests::RunAgent;
+/// let log = std::path::Path::new("requests.jsonl");
+/// let (agent, out) = RunAgent::new().port(8000).no_gpu().requests_log(log).start();
 /// ```
 #[derive(Clone, Debug)]
 pub struct RunAgent {

@@ -194,13 +194,14 @@ fn selects_container_test(args: &[String]) -> bool {
 fn selects_peer_tests(args: &[String]) -> bool {
     // Test binaries that drive the real peers (llama.cpp, the openai SDK,
     // tritonclient's gRPC server and client, Hypercorn, Debian's nginx).
-    const PEER_TESTS: [&str; 6] = [
+    const PEER_TESTS: [&str; 7] = [
         "fidelity",
         "enginemetrics",
         "grpc",
         "tls",
         "stages",
         "gateway",
+        "promptcache",
     ];
     args.is_empty()
         || args
