@@ -798,6 +798,16 @@ impl RunAgent {
         self.arg("--events-log").arg(p)
     }
 
+    /// The OTLP tests' agent: `--pid PID --no-gpu --no-engine-metrics`
+    /// exporting to 127.0.0.1:`otlp_port` every second ([`Self::otlp`]).
+    pub fn exporting(pid: u32, otlp_port: u16) -> Self {
+        Self::new()
+            .pid(pid)
+            .no_gpu()
+            .arg("--no-engine-metrics")
+            .otlp(otlp_port)
+    }
+
     /// `--otlp-endpoint http://127.0.0.1:PORT --export-interval 1`.
     pub fn otlp(self, port: u16) -> Self {
         self.args(["--otlp-endpoint", &format!("http://127.0.0.1:{port}")])

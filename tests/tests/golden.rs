@@ -34,6 +34,18 @@ fn golden_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("golden")
 }
 
+/// The golden transcripts (`tests/golden/*.json`), sorted.
+fn transcript_files() -> Vec<PathBuf> {
+    let mut files: Vec<_> = std::fs::read_dir(golden_dir())
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .collect();
+    files.sort();
+    files
+}
+
 fn same(a: &Value, b: &Value) -> bool {
     match (a, b) {
         (Value::Number(x), Value::Number(y)) => match (x.as_f64(), y.as_f64()) {
@@ -138,13 +150,7 @@ fn compare_records(name: &str, recs: &[tokentap::record::Finished], t: &Transcri
 
 #[test]
 fn every_golden_transcript_decodes_to_its_expected_records() {
-    let mut files: Vec<_> = std::fs::read_dir(golden_dir())
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "json"))
-        .collect();
-    files.sort();
+    let files = transcript_files();
     assert!(files.len() >= 10, "golden transcripts missing");
     let mut problems = vec![];
     for f in &files {
@@ -176,14 +182,7 @@ fn every_transcript_is_written_as_a_bless_writes_it() {
         return;
     }
     let mut off = vec![];
-    for f in std::fs::read_dir(golden_dir())
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-    {
-        if f.extension().is_none_or(|e| e != "json") {
-            continue;
-        }
+    for f in transcript_files() {
         let text = std::fs::read_to_string(&f).unwrap();
         let t: Transcript = serde_json::from_str(&text).unwrap();
         let name = f.file_name().unwrap().to_string_lossy().to_string();
@@ -200,14 +199,7 @@ fn every_transcript_is_written_as_a_bless_writes_it() {
 
 #[test]
 fn golden_transcripts_decode_the_same_when_every_event_is_split_in_two() {
-    for f in std::fs::read_dir(golden_dir())
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-    {
-        if f.extension().is_none_or(|e| e != "json") {
-            continue;
-        }
+    for f in transcript_files() {
         let t: Transcript = serde_json::from_str(&std::fs::read_to_string(&f).unwrap()).unwrap();
         let evs = events(&t);
         let (_, whole) = decode_all(&evs);

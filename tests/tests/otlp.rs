@@ -395,12 +395,7 @@ fn host_name_is_the_node_not_the_agents_own_uts_hostname() {
             "hostname tokentap-pod-x7k2q && exec \"$@\"",
             "sh",
         ]);
-        let mut run = RunAgent::new()
-            .pid(engine.0.id())
-            .no_gpu()
-            .arg("--no-engine-metrics")
-            .otlp(otlp_port)
-            .env_remove("NODE_NAME");
+        let mut run = RunAgent::exporting(engine.0.id(), otlp_port).env_remove("NODE_NAME");
         if let Some(n) = node_env {
             run = run.env("NODE_NAME", n);
         }

@@ -34,11 +34,7 @@ fn probes_scrapes_and_model_listings_are_counted_apart_and_only_chats_are_llm_re
     let all_log = dir.join("all-requests.jsonl");
     let events = dir.join("events.jsonl");
     let (engine, port, _) = start_simengine(Path::new(env!("CARGO_BIN_EXE_simengine")), &[]);
-    let (mut agent, out) = RunAgent::new()
-        .pid(engine.0.id())
-        .no_gpu()
-        .arg("--no-engine-metrics")
-        .otlp(otlp_port)
+    let (mut agent, out) = RunAgent::exporting(engine.0.id(), otlp_port)
         .requests_log(&log)
         .events_log(&events)
         .start();
@@ -220,11 +216,7 @@ fn a_long_stream_running_when_the_agent_starts_is_no_decode_error_and_its_connec
         tx.send(s).unwrap();
     });
     std::thread::sleep(Duration::from_millis(1500));
-    let (mut agent, out) = RunAgent::new()
-        .pid(engine.0.id())
-        .no_gpu()
-        .arg("--no-engine-metrics")
-        .otlp(otlp_port)
+    let (mut agent, out) = RunAgent::exporting(engine.0.id(), otlp_port)
         .requests_log(&log)
         .start();
     let mut s = rx
