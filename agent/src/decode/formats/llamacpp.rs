@@ -70,5 +70,11 @@ mod tests {
         assert_eq!(e.stages.source, Some(StagesSource::LLAMACPP_TIMINGS));
         let e = interpret(br#"{"content":"x","stop":false}"#).unwrap();
         assert!(e.stages.is_empty());
+        // Counts past u64 from a hostile peer saturate, never wrap or panic.
+        let e = interpret(
+            br#"{"stop":true,"timings":{"cache_n":18446744073709551615,"prompt_n":18446744073709551615}}"#,
+        )
+        .unwrap();
+        assert_eq!(e.input_tokens, Some(u64::MAX));
     }
 }

@@ -608,7 +608,9 @@ impl Timings {
     /// answering a multi-turn chat from its cache says `prompt_n: 1,
     /// cache_n: 37` where its own `usage.prompt_tokens` says 38.
     fn input_tokens(&self) -> Option<u64> {
-        self.prompt_n.0.map(|n| n + self.cache_n.0.unwrap_or(0))
+        self.prompt_n
+            .0
+            .map(|n| n.saturating_add(self.cache_n.0.unwrap_or(0)))
     }
 
     fn stages(&self) -> Stages {
