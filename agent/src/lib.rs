@@ -22,4 +22,5 @@ pub mod sinks;
 pub mod source;
 pub mod stage;
 pub mod timeline;
+pub mod tokenize;
 pub mod vocab;

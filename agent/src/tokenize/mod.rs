@@ -1,0 +1,368 @@
+//! Exact token counts from the engine's own tokenizer, for requests whose
+//! response carries no counts (docs/metrics.md, "Tokens").
+//!
+//! A [`Tokenizer`] is what one engine loaded — today a Hugging Face
+//! `tokenizer.json` (through the `tokenizers` crate, pure-Rust regex) with
+//! its `tokenizer_config.json` (special tokens, chat templates) — and
+//! counts as that engine does: a chat request is rendered through the
+//! model's chat template ([`template`]) and encoded with the engine's
+//! special-token rule; a completion's prompt and an embedding's input are
+//! encoded as they are; the output is the generated text encoded again,
+//! plus the end-of-sequence token an engine counts when it stopped on one.
+//! [`worker`] runs it off the pipeline's thread, within a CPU budget.
+//!
+//! Owns: loading a tokenizer from bytes, and the per-engine counting
+//! rules. Must not: read files (`identity::tokenizer` finds and reads
+//! them), run on the pipeline's thread, or keep any text it was given.
+
+pub mod template;
+pub mod worker;
+
+use std::collections::BTreeMap;
+
+use self::template::{ChatTemplate, Json};
+use crate::engines::Engine;
+use crate::vocab::Operation;
+
+/// What a Hugging Face model directory (or snapshot) holds for its
+/// tokenizer, as read from the engine's files.
+#[derive(Clone, Debug, Default)]
+pub struct HfFiles {
+    /// `tokenizer.json`.
+    pub tokenizer_json: Vec<u8>,
+    /// `tokenizer_config.json`, when present.
+    pub config: Option<Vec<u8>>,
+    /// `chat_template.jinja`, or the engine's `--chat-template` file,
+    /// which wins over the config's.
+    pub template: Option<String>,
+}
+
+/// Why a request was not counted with the tokenizer (it falls back to
+/// the estimate); `tokentap.tokens.tokenize_failed`'s `reason`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Failure {
+    /// The request body is not what the operation reads (no `messages`,
+    /// no `prompt`), or was not kept whole.
+    Body,
+    /// A chat request for a model without a chat template.
+    NoTemplate,
+    /// The chat template failed (`raise_exception`, an error, out of fuel).
+    Template,
+    /// The tokenizer refused the text.
+    Encode,
+    /// An operation this counts nothing for (Responses API).
+    Operation,
+}
+
+impl Failure {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Failure::Body => "body",
+            Failure::NoTemplate => "no_template",
+            Failure::Template => "template",
+            Failure::Encode => "encode",
+            Failure::Operation => "operation",
+        }
+    }
+}
+
+/// An engine's tokenizer, loaded once and shared by every process that
+/// serves the same files.
+pub struct Tokenizer {
+    hf: tokenizers::Tokenizer,
+    /// The default chat template, and the `tool_use` one when the config
+    /// names one.
+    chat: Option<ChatTemplate>,
+    tool_chat: Option<ChatTemplate>,
+    /// The template iterates over a message's content parts (else parts
+    /// are joined into one string first, as vLLM does for such templates).
+    parts_content: bool,
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenizer")
+            .field("vocab", &self.hf.get_vocab_size(true))
+            .field("chat", &self.chat.is_some())
+            .finish()
+    }
+}
+
+/// A special token in `tokenizer_config.json`: a string, or an
+/// `AddedToken` object with its `content`.
+fn token_string(v: &serde_json::Value) -> Option<String> {
+    match v {
+        serde_json::Value::String(s) => Some(s.clone()),
+        serde_json::Value::Object(o) => o.get("content")?.as_str().map(str::to_string),
+        _ => None,
+    }
+}
+
+/// The special-token names transformers gives a chat template.
+const SPECIAL_NAMES: [&str; 7] = [
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "pad_token",
+    "sep_token",
+    "cls_token",
+    "mask_token",
+];
+
+impl Tokenizer {
+    /// Builds the tokenizer from its files. The error says what failed.
+    pub fn from_hf(files: &HfFiles) -> Result<Self, String> {
+        let hf = tokenizers::Tokenizer::from_bytes(&files.tokenizer_json)
+            .map_err(|e| format!("tokenizer.json: {e}"))?;
+        let config: serde_json::Value = match &files.config {
+            Some(b) => {
+                serde_json::from_slice(b).map_err(|e| format!("tokenizer_config.json: {e}"))?
+            }
+            None => serde_json::Value::Null,
+        };
+        let specials: BTreeMap<String, String> = SPECIAL_NAMES
+            .iter()
+            .filter_map(|n| Some((n.to_string(), token_string(config.get(*n)?)?)))
+            .collect();
+        // `chat_template`: a string, or a list of named templates.
+        let mut default = None;
+        let mut tool_use = None;
+        match config.get("chat_template") {
+            Some(serde_json::Value::String(s)) => default = Some(s.clone()),
+            Some(serde_json::Value::Array(list)) => {
+                for t in list {
+                    let (Some(name), Some(src)) = (
+                        t.get("name").and_then(|v| v.as_str()),
+                        t.get("template").and_then(|v| v.as_str()),
+                    ) else {
+                        continue;
+                    };
+                    match name {
+                        "default" => default = Some(src.to_string()),
+                        "tool_use" => tool_use = Some(src.to_string()),
+                        _ => {}
+                    }
+                }
+            }
+            _ => {}
+        }
+        if let Some(t) = &files.template {
+            default = Some(t.clone());
+        }
+        let parts_content = default.as_deref().is_some_and(iterates_content_parts);
+        let compile = |src: Option<String>| -> Result<Option<ChatTemplate>, String> {
+            src.map(|s| ChatTemplate::new(&s, specials.clone()))
+                .transpose()
+                .map_err(|e| format!("chat template: {e}"))
+        };
+        Ok(Self {
+            hf,
+            chat: compile(default)?,
+            tool_chat: compile(tool_use)?,
+            parts_content,
+        })
+    }
+
+    /// Tokens of `text`, with or without the tokenizer's own specials
+    /// (its post-processor: BOS, …).
+    pub fn encode_len(&self, text: &str, add_special: bool) -> Result<u64, Failure> {
+        self.hf
+            .encode_fast(text, add_special)
+            .map(|e| e.len() as u64)
+            .map_err(|_| Failure::Encode)
+    }
+
+    /// Whether a chat template is known.
+    pub fn has_chat_template(&self) -> bool {
+        self.chat.is_some()
+    }
+
+    /// The prompt a chat request renders to (the engine's
+    /// `apply_chat_template(tokenize=False)`).
+    pub fn render_chat(&self, body: &Json) -> Result<String, Failure> {
+        let messages = match body.get("messages") {
+            Some(Json::Array(m)) => m,
+            _ => return Err(Failure::Body),
+        };
+        let tools = body
+            .get("tools")
+            .filter(|t| matches!(t, Json::Array(a) if !a.is_empty()));
+        let template = match (tools, &self.tool_chat) {
+            (Some(_), Some(t)) => t,
+            _ => self.chat.as_ref().ok_or(Failure::NoTemplate)?,
+        };
+        let messages: Vec<Json> = messages
+            .iter()
+            .map(|m| chat_message(m, self.parts_content))
+            .collect();
+        let flag = |k: &str, default: bool| body.get(k).and_then(Json::as_bool).unwrap_or(default);
+        let continue_final = flag("continue_final_message", false);
+        let mut vars: Vec<(String, minijinja::Value)> = vec![
+            ("messages".into(), Json::Array(messages).to_value()),
+            (
+                "tools".into(),
+                tools.map_or(minijinja::Value::from(()), Json::to_value),
+            ),
+            ("documents".into(), minijinja::Value::from(())),
+            (
+                "add_generation_prompt".into(),
+                minijinja::Value::from(flag("add_generation_prompt", !continue_final)),
+            ),
+            (
+                "continue_final_message".into(),
+                minijinja::Value::from(continue_final),
+            ),
+        ];
+        if let Some(Json::Object(kw)) = body.get("chat_template_kwargs") {
+            for (k, v) in kw {
+                vars.retain(|(n, _)| n != k);
+                vars.push((k.clone(), v.to_value()));
+            }
+        }
+        template.render(vars).map_err(|_| Failure::Template)
+    }
+
+    /// Input tokens of a request as `engine` counts them.
+    pub fn input_tokens(
+        &self,
+        engine: Option<Engine>,
+        op: Operation,
+        body: &[u8],
+    ) -> Result<u64, Failure> {
+        let body: Json = serde_json::from_slice(body).map_err(|_| Failure::Body)?;
+        let add_special = |default: bool| {
+            body.get("add_special_tokens")
+                .and_then(Json::as_bool)
+                .unwrap_or(default)
+        };
+        match op {
+            Operation::Chat => {
+                let prompt = self.render_chat(&body)?;
+                // vLLM, SGLang and TGI encode the rendered prompt without
+                // the tokenizer's specials: the template wrote them.
+                let _ = engine;
+                self.encode_len(&prompt, add_special(false))
+            }
+            Operation::TextCompletion => self.prompts(body.get("prompt"), add_special(true)),
+            Operation::Embeddings => self.prompts(body.get("input"), add_special(true)),
+            Operation::Generate => self.prompts(
+                body.get("inputs").or_else(|| body.get("prompt")),
+                add_special(true),
+            ),
+            Operation::Responses => Err(Failure::Operation),
+        }
+    }
+
+    /// A prompt as completions and embeddings take it: a string, a list
+    /// of strings (each its own request, counts summed), token ids, or a
+    /// list of token-id lists.
+    fn prompts(&self, v: Option<&Json>, add_special: bool) -> Result<u64, Failure> {
+        match v {
+            Some(Json::Str(s)) => self.encode_len(s, add_special),
+            Some(Json::Array(a)) if a.iter().all(|x| matches!(x, Json::Int(_) | Json::UInt(_))) => {
+                Ok(a.len() as u64)
+            }
+            Some(Json::Array(a)) => {
+                let mut n = 0u64;
+                for x in a {
+                    n = n.saturating_add(match x {
+                        Json::Str(s) => self.encode_len(s, add_special)?,
+                        Json::Array(ids) => ids.len() as u64,
+                        _ => return Err(Failure::Body),
+                    });
+                }
+                Ok(n)
+            }
+            _ => Err(Failure::Body),
+        }
+    }
+
+    /// Output tokens of generated `text` as `engine` counts them: the
+    /// text's tokens, plus the end-of-sequence token the engine generated
+    /// and counts when it stopped on one (`finish_reason` `stop` or
+    /// `tool_calls`; the text leaves it out).
+    pub fn output_tokens(
+        &self,
+        engine: Option<Engine>,
+        text: &str,
+        finish_reason: Option<&str>,
+    ) -> Result<u64, Failure> {
+        let n = self.encode_len(text, false)?;
+        let eos = matches!(
+            engine,
+            None | Some(Engine::Vllm | Engine::Sglang | Engine::Tgi | Engine::Lmdeploy)
+        ) && matches!(finish_reason, Some("stop" | "tool_calls" | "eos_token"));
+        Ok(n + u64::from(eos))
+    }
+}
+
+/// Whether a chat template walks a message's content parts (vLLM's
+/// "openai" content format); else parts are joined into one string.
+fn iterates_content_parts(src: &str) -> bool {
+    let s: String = src.chars().filter(|c| !c.is_whitespace()).collect();
+    [
+        "in message['content']",
+        "in message.content",
+        "in m['content']",
+        "in m.content",
+    ]
+    .iter()
+    .any(|p| s.contains(&p.replace(' ', "")))
+}
+
+/// A request message as vLLM hands it to the template: text parts joined
+/// with newlines (for string-content templates), a tool call's
+/// `arguments` string parsed into its object.
+fn chat_message(m: &Json, parts: bool) -> Json {
+    let Json::Object(kv) = m else {
+        return m.clone();
+    };
+    let kv = kv
+        .iter()
+        .map(|(k, v)| {
+            let v = match (k.as_str(), v) {
+                ("content", Json::Array(items)) if !parts => Json::Str(
+                    items
+                        .iter()
+                        .filter_map(|p| p.get("text").and_then(Json::as_str))
+                        .collect::<Vec<_>>()
+                        .join("\n"),
+                ),
+                ("tool_calls", Json::Array(calls)) => {
+                    Json::Array(calls.iter().map(parsed_arguments).collect())
+                }
+                _ => v.clone(),
+            };
+            (k.clone(), v)
+        })
+        .collect();
+    Json::Object(kv)
+}
+
+fn parsed_arguments(call: &Json) -> Json {
+    let Json::Object(kv) = call else {
+        return call.clone();
+    };
+    Json::Object(
+        kv.iter()
+            .map(|(k, v)| match (k.as_str(), v) {
+                ("function", Json::Object(f)) => (
+                    k.clone(),
+                    Json::Object(
+                        f.iter()
+                            .map(|(fk, fv)| match (fk.as_str(), fv) {
+                                ("arguments", Json::Str(s)) => (
+                                    fk.clone(),
+                                    serde_json::from_str::<Json>(s).unwrap_or_else(|_| fv.clone()),
+                                ),
+                                _ => (fk.clone(), fv.clone()),
+                            })
+                            .collect(),
+                    ),
+                ),
+                _ => (k.clone(), v.clone()),
+            })
+            .collect(),
+    )
+}
