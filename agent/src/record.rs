@@ -200,6 +200,68 @@ pub struct Finished {
     /// for byte-identical bodies within this process, meaningless outside
     /// it; never written or exported. The retry-storm detector's input.
     pub prompt_fp: Option<u64>,
+    /// The request's text, kept only for a process whose tokenizer the
+    /// agent holds and only until the tokenizer stage counted it; never
+    /// written or exported.
+    pub text: Option<Box<KeptText>>,
+}
+
+/// What the engine's tokenizer needs of one request (`pipeline::tokens`):
+/// the request body as sent, and the generated text per choice. Within the
+/// decoder's memory budget, which sheds it first (`tokenize_text`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct KeptText {
+    /// The whole request body; None when it was not kept whole (cut by
+    /// the capture, larger than [`KeptText::MAX_BYTES`], or shed).
+    pub body: Option<Vec<u8>>,
+    /// The generated text (content, reasoning, tool-call names and
+    /// arguments), per choice index.
+    pub outputs: Vec<String>,
+    /// Part of the output was not kept (larger than the bound, shed, a
+    /// stream event that was not read): its count stays the estimate.
+    pub output_lost: bool,
+    /// Seconds from the first content write to the last (TPOT's span).
+    pub content_span_s: Option<f64>,
+}
+
+impl KeptText {
+    /// Bytes of one direction kept at most (a 100k-token prompt is about
+    /// 400 kB of JSON).
+    pub const MAX_BYTES: usize = 1 << 20;
+    /// Choices whose text is kept (n > 1).
+    pub const MAX_CHOICES: usize = 16;
+
+    /// Heap bytes held.
+    pub fn held(&self) -> usize {
+        self.body.as_ref().map_or(0, Vec::capacity)
+            + self.outputs.iter().map(String::capacity).sum::<usize>()
+    }
+
+    /// Appends generated `text` of choice `index`, within the bounds.
+    pub fn push_output(&mut self, index: usize, text: &str) {
+        if self.output_lost || text.is_empty() {
+            return;
+        }
+        let total: usize = self.outputs.iter().map(String::len).sum();
+        if index >= Self::MAX_CHOICES || total + text.len() > Self::MAX_BYTES {
+            self.output_lost = true;
+            self.outputs = Vec::new();
+            return;
+        }
+        if self.outputs.len() <= index {
+            self.outputs.resize(index + 1, String::new());
+        }
+        self.outputs[index].push_str(text);
+    }
+
+    /// The memory budget took it back. Whether anything was held.
+    pub fn shed(&mut self) -> bool {
+        let held = self.held() > 0;
+        self.body = None;
+        self.outputs = Vec::new();
+        self.output_lost = true;
+        held
+    }
 }
 
 /// What a request that is not an LLM request was, for

@@ -86,6 +86,9 @@ pub enum ShedReason {
     ResponseBody,
     /// A stream event being assembled.
     StreamEvent,
+    /// A request's text kept for the engine's tokenizer (its counts fall
+    /// back to the estimate).
+    TokenizeText,
 }
 
 impl ShedReason {
@@ -96,6 +99,7 @@ impl ShedReason {
             ShedReason::GatewayHeld => "gateway_held",
             ShedReason::PartialHead => "partial_head",
             ShedReason::InFlight => "in_flight",
+            ShedReason::TokenizeText => "tokenize_text",
         }
     }
 }
@@ -175,13 +179,16 @@ impl std::fmt::Display for TlsRefusal {
 /// Where a token count came from (`tokens_source`): the response's OpenAI
 /// `usage` object; another report of the engine's own (llama.cpp
 /// `timings` or `tokens_evaluated`/`tokens_predicted`, Ollama's counts,
-/// TGI's `details`, gRPC token ids and counts); or tokentap's estimate
-/// (input: prompt characters / 4; output: content chunks).
+/// TGI's `details`, gRPC token ids and counts); the engine's own
+/// tokenizer run by tokentap on the request's text (`tokenize`); or
+/// tokentap's estimate (input: prompt characters / 4; output: content
+/// chunks).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TokenSource {
     Usage,
     Engine,
+    Tokenizer,
     Estimate,
 }
 
@@ -199,7 +206,8 @@ impl TokenSources {
         (input.is_some() || output.is_some()).then_some(Self { input, output })
     }
 
-    /// Both known counts are the engine's own (`usage` or another report).
+    /// Both known counts are exact: the engine's own (`usage` or another
+    /// report) or its tokenizer's.
     pub fn exact(self) -> bool {
         [self.input, self.output]
             .into_iter()

@@ -17,7 +17,7 @@ const FLOORS: &[&[&str]] = &[
     &["vocab", "event", "record", "selftraffic", "engines"],
     // Sources of facts: the kernel capture, capture files, identity rules.
     // Host facts: /proc, engine discovery, the Kubernetes API's pods.
-    &["capture", "capfile", "identity", "host"],
+    &["capture", "capfile", "identity", "host", "tokenize"],
     // Turning facts into records and events.
     &["decode", "source"],
     // The stage contracts every feature implements or reads: Sink, Task,

@@ -110,12 +110,15 @@ impl Body {
     /// The body ended at `ts`: read a whole body, flush a last NDJSON line.
     /// Returns how many events or bodies were too large to keep.
     pub fn finish(self, x: &mut Exchange, ts: u64) -> u64 {
-        match self {
+        let oversized = match self {
             Body::Plain { buf, complete } => {
                 if complete && !buf.is_empty() {
                     if let Some(info) = interpret(x.format, &buf) {
                         x.on_body(info);
+                        x.keep_output(&buf);
                     }
+                } else {
+                    x.output_lost();
                 }
                 u64::from(buf.len() >= MAX_RESPONSE_BODY)
             }
@@ -125,14 +128,21 @@ impl Body {
                 nd.oversized()
             }
             Body::Sse(sse) => sse.oversized(),
+        };
+        if oversized > 0 {
+            x.output_lost();
         }
+        oversized
     }
 }
 
 /// One stream event (SSE data or NDJSON line).
 fn feed_event(format: Format, x: &mut Exchange, ts: u64, data: &[u8]) {
     match interpret(format, data) {
-        Some(info) => x.on_stream_event(ts, info),
+        Some(info) => {
+            x.on_stream_event(ts, info);
+            x.keep_output(data);
+        }
         None if format == Format::Unknown => {
             // Not JSON, unknown API: still a chunk with a time.
             x.on_stream_event(

@@ -6,12 +6,13 @@
 use std::sync::Arc;
 
 use super::formats::{estimate_tokens, Content, EventInfo, Format, RequestInfo};
+use super::reqscan::RequestScan;
 use crate::engines::Engine;
 use crate::identity::{
     caller::caller_of,
     request_type::{builtin, Endpoint, Facts, Rules},
 };
-use crate::record::{rfc3339, Finished, RequestRecord};
+use crate::record::{rfc3339, Finished, KeptText, RequestRecord};
 use crate::vocab::{ErrorType, T0Source, T1Source, TokenSource, TokenSources};
 
 fn secs(ns: u64) -> f64 {
@@ -86,6 +87,9 @@ pub struct Exchange {
     /// `done`, llama.cpp `stop`): the answer is complete even if the HTTP
     /// framing after it never is.
     stream_ended: bool,
+    /// The request's text, kept for the engine's tokenizer (only for the
+    /// processes `IdentityConfig::text_pids` names).
+    pub text: Option<Box<KeptText>>,
 }
 
 impl Exchange {
@@ -138,6 +142,7 @@ impl Exchange {
             input_source: TokenSource::Engine,
             output_source: TokenSource::Engine,
             finish_reason: None,
+            text: None,
             stream_error: false,
             stream_ended: false,
         }
@@ -202,6 +207,56 @@ impl Exchange {
             self.content_events += info.content_parts.max(1) as u64;
         }
         self.absorb(info);
+    }
+
+    /// The scan of this request's body (keeping the body itself when the
+    /// request's text is kept).
+    pub fn request_scan(&self, fields: &[String]) -> Box<RequestScan> {
+        let mut scan = Box::new(RequestScan::new(fields));
+        if self.text.is_some() {
+            scan.keep_body();
+        }
+        scan
+    }
+
+    /// The request body ended: what it said, its fingerprint, and the
+    /// body itself where kept.
+    pub fn read_request(&mut self, mut scan: Box<RequestScan>) {
+        if scan.is_empty() {
+            return;
+        }
+        if let Some(t) = self.text.as_mut() {
+            t.body = scan.take_body();
+        }
+        (self.request, self.prompt_fp) = scan.finish();
+    }
+
+    /// A stream event or whole body (`json`) as written: its generated
+    /// text is kept where the request's text is.
+    pub fn keep_output(&mut self, json: &[u8]) {
+        if let Some(t) = self.text.as_mut() {
+            if !t.output_lost {
+                super::formats::generated_text(self.format, json, t);
+            }
+        }
+    }
+
+    /// A response event could not be read whole: its text is lost.
+    pub fn output_lost(&mut self) {
+        if let Some(t) = self.text.as_mut() {
+            t.output_lost = true;
+            t.outputs = Vec::new();
+        }
+    }
+
+    /// Heap bytes its kept text holds.
+    pub fn text_held(&self) -> usize {
+        self.text.as_ref().map_or(0, |t| t.held())
+    }
+
+    /// The memory budget takes its kept text back. Whether any was held.
+    pub fn shed_text(&mut self) -> bool {
+        self.text.as_mut().is_some_and(|t| t.shed())
     }
 
     /// A whole non-streamed body.
@@ -329,6 +384,12 @@ impl Exchange {
             }
         };
         let caller = self.client.as_deref().and_then(caller_of);
+        let text = self.text.map(|mut t| {
+            if let (Some(a), Some(b)) = (self.first_content_ns, self.last_content_ns) {
+                t.content_span_s = Some(secs(b.saturating_sub(a)));
+            }
+            t
+        });
         let record = RequestRecord {
             ts: rfc3339(t0),
             pid: self.pid,
@@ -412,6 +473,7 @@ impl Exchange {
             content_events: self.content_events,
             chunk_gaps_s: self.gaps,
             prompt_fp: self.prompt_fp,
+            text,
         }
     }
 }

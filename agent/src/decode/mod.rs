@@ -176,6 +176,9 @@ pub struct IdentityConfig {
     pub rule_headers: Vec<String>,
     /// Top-level body keys the rules ask about.
     pub rule_fields: Vec<String>,
+    /// Processes whose requests' text is kept for their tokenizer
+    /// (`Decoder::set_text_pids`; empty: none).
+    pub text_pids: std::collections::HashSet<u32>,
 }
 
 impl IdentityConfig {
@@ -185,6 +188,7 @@ impl IdentityConfig {
             rule_headers: types.header_names(),
             rule_fields: types.json_fields(),
             types: Arc::new(types),
+            text_pids: Default::default(),
         }
     }
 }
@@ -290,6 +294,12 @@ impl Out<'_> {
     /// sent it, and the request-type rules.
     pub fn identify(&mut self, x: &mut exchange::Exchange, id: http1::head::HeadIdentity) {
         x.self_request = self.is_self(id.self_marker.as_deref());
+        if self.identity.text_pids.contains(&x.pid)
+            && !x.self_request
+            && x.format.operation().is_some()
+        {
+            x.text = Some(Box::default());
+        }
         match id.trace {
             Some(crate::identity::trace::TraceHeader::Valid(tp)) => x.trace = Some(tp),
             Some(crate::identity::trace::TraceHeader::Invalid) => {
@@ -660,6 +670,13 @@ impl Decoder {
         self
     }
 
+    /// The processes whose requests' text is kept for their tokenizer
+    /// (the pipeline's tokenizer stage sets them as targeting loads
+    /// tokenizers); requests already in flight keep what they had.
+    pub fn set_text_pids(&mut self, pids: std::collections::HashSet<u32>) {
+        self.identity.text_pids = pids;
+    }
+
     /// Bytes held in parsing buffers across all connections (bounded by
     /// the MAX_* limits per connection; exposed for tests and health).
     pub fn buffered_bytes(&self) -> usize {
@@ -959,11 +976,7 @@ impl Decoder {
                 continue;
             };
             match &mut c.proto {
-                Proto::Http1(h) => {
-                    if let Some(why) = h.shed_body() {
-                        *shed.entry(why).or_default() += 1;
-                    }
-                }
+                Proto::Http1(h) => h.shed_body(&mut |why| *shed.entry(why).or_default() += 1),
                 Proto::Http2(h) => h.shed_bodies(&mut |why| *shed.entry(why).or_default() += 1),
                 _ => {}
             }

@@ -145,6 +145,10 @@ pub struct RequestScan {
     lost: u64,
     bytes: u64,
     hash: BodyHash,
+    /// The body itself, kept for the engine's tokenizer
+    /// ([`RequestScan::keep_body`]); None once it would pass
+    /// `KeptText::MAX_BYTES` or bytes were lost.
+    body: Option<Vec<u8>>,
 }
 
 /// The streamed form of [`super::body_fingerprint`]: the same value for
@@ -216,6 +220,7 @@ impl RequestScan {
             lost: 0,
             bytes: 0,
             hash: BodyHash::new(),
+            body: None,
         }
         .with_fields(fields)
     }
@@ -235,9 +240,30 @@ impl RequestScan {
         self.bytes == 0
     }
 
-    /// Heap bytes held (bounded: keys and small values, the nesting).
+    /// Keep the body's bytes too (at most `KeptText::MAX_BYTES`), for the
+    /// engine's tokenizer.
+    pub fn keep_body(&mut self) {
+        if self.bytes == 0 {
+            self.body = Some(Vec::new());
+        }
+    }
+
+    /// The memory budget takes the kept body back. Whether one was held.
+    pub fn shed_body(&mut self) -> bool {
+        self.body.take().is_some_and(|b| b.capacity() > 0)
+    }
+
+    /// The whole body, when it was kept and is a complete JSON document.
+    pub fn take_body(&mut self) -> Option<Vec<u8>> {
+        let body = self.body.take()?;
+        (self.st == St::Done && !self.gap && !self.broken).then_some(body)
+    }
+
+    /// Heap bytes held (bounded: keys and small values, the nesting, the
+    /// kept body).
     pub fn buffered(&self) -> usize {
-        self.small.capacity()
+        self.body.as_ref().map_or(0, Vec::capacity)
+            + self.small.capacity()
             + self.key.capacity()
             + self.stack.capacity() * std::mem::size_of::<Frame>()
     }
@@ -255,12 +281,20 @@ impl RequestScan {
         }
         self.lost = self.lost.saturating_add(n);
         self.st = St::Invalid;
+        self.body = None;
     }
 
     /// The next piece of body.
     pub fn feed(&mut self, bytes: &[u8]) {
         self.bytes += bytes.len() as u64;
         self.hash.update(bytes);
+        if let Some(b) = &mut self.body {
+            if b.len() + bytes.len() > crate::record::KeptText::MAX_BYTES {
+                self.body = None;
+            } else {
+                b.extend_from_slice(bytes);
+            }
+        }
         for &b in bytes {
             if self.st == St::Invalid {
                 return;

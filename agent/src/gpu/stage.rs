@@ -340,6 +340,7 @@ mod tests {
             self_request: false,
             chunk_gaps_s: vec![],
             prompt_fp: None,
+            text: None,
         }
     }
 

@@ -16,4 +16,5 @@ pub mod engine_info;
 pub mod model_version;
 pub mod request_type;
 pub mod serving_config;
+pub mod tokenizer;
 pub mod trace;

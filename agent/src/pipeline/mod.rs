@@ -25,6 +25,7 @@ pub mod healthz;
 pub mod plan;
 pub mod run;
 pub mod targets;
+pub mod tokens;
 
 use std::{sync::Arc, time::Duration};
 
@@ -51,6 +52,9 @@ pub struct Pipeline {
     /// Joins GPU state into records of engines on GPUs (None: no GPU
     /// sampling).
     gpu: Option<GpuStage>,
+    /// Counts requests without the engine's counts with its own tokenizer
+    /// (None: `--tokenize-cpu 0`, or a replay).
+    tokens: Option<tokens::TokensStage>,
     /// Timeline events from records, ticks and GPU samples (None: off).
     timeline: Option<crate::timeline::Timeline>,
     /// Ticks feed the timeline's clock (live runs; a replay's clock is its
@@ -72,6 +76,7 @@ impl Pipeline {
             node: NodeState::default(),
             health,
             gpu: None,
+            tokens: None,
             timeline: None,
             live: false,
             finished: Vec::new(),
@@ -105,6 +110,13 @@ impl Pipeline {
     /// Adds the GPU join (records of GPU engines wait for the next sample).
     pub fn gpu(mut self, stage: GpuStage) -> Self {
         self.gpu = Some(stage);
+        self
+    }
+
+    /// Adds the tokenizer stage (records of engines with a tokenizer wait
+    /// for their counts).
+    pub fn tokens(mut self, stage: tokens::TokensStage) -> Self {
+        self.tokens = Some(stage);
         self
     }
 
@@ -150,7 +162,15 @@ impl Pipeline {
     }
 
     fn flush_finished(&mut self) -> Result<()> {
-        for mut f in self.finished.drain(..) {
+        if let Some(t) = &mut self.tokens {
+            let mut counted = Vec::new();
+            t.poll(&mut counted);
+            for f in counted {
+                self.after_tokens(f);
+            }
+        }
+        let finished = std::mem::take(&mut self.finished);
+        for mut f in finished {
             if f.self_request {
                 self.health
                     .self_requests
@@ -165,17 +185,31 @@ impl Pipeline {
                 self.health
                     .non_llm_requests
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                f.text = None;
                 for s in &mut self.sinks {
                     s.other_request(&f, class)?;
                 }
                 continue;
             }
-            match &mut self.gpu {
-                Some(g) => g.on_finished(f, &mut self.ready),
-                None => self.ready.push(f),
-            }
+            let f = match &mut self.tokens {
+                Some(t) => match t.on_finished(f, &self.node) {
+                    Some(f) => f,
+                    None => continue,
+                },
+                None => f,
+            };
+            self.after_tokens(f);
         }
         self.send_ready()
+    }
+
+    /// A record with its final counts: to the GPU join, or ready.
+    fn after_tokens(&mut self, mut f: Finished) {
+        f.text = None;
+        match &mut self.gpu {
+            Some(g) => g.on_finished(f, &mut self.ready),
+            None => self.ready.push(f),
+        }
     }
 
     fn send_ready(&mut self) -> Result<()> {
@@ -237,6 +271,12 @@ impl Pipeline {
     /// Publishes health and lets every sink do its periodic work.
     pub fn tick(&mut self, capture: Option<&CaptureStats>) -> Result<()> {
         self.health.beat();
+        if let Some(t) = &mut self.tokens {
+            if let Some(pids) = t.text_pids(&self.node) {
+                self.decoder.set_text_pids(pids);
+            }
+            self.flush_finished()?;
+        }
         if self.live {
             // Engine records whose gateway's record never came.
             self.decoder.tick(now_wall_ns(), &mut self.finished);
@@ -278,6 +318,13 @@ impl Pipeline {
         // Finished requests the gateway join still holds.
         self.decoder.release_held(&mut self.finished);
         self.flush_finished()?;
+        if let Some(mut t) = self.tokens.take() {
+            let mut counted = Vec::new();
+            t.flush(&mut counted);
+            for f in counted {
+                self.after_tokens(f);
+            }
+        }
         if let Some(g) = &mut self.gpu {
             g.flush(&mut self.ready);
         }

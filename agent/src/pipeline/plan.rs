@@ -176,6 +176,25 @@ pub struct RunFlags {
     #[arg(help_heading = "Limits", long, value_name = "BYTES", default_value = "64MiB", value_parser = byte_size)]
     #[serde(deserialize_with = "checked::byte_size")]
     pub max_decode_memory: u64,
+    /// CPU the engines' own tokenizers may use, in cores (0.25: a quarter
+    /// of one core). A request whose response carries no token counts (the
+    /// openai SDK's stream=True without include_usage, against vLLM,
+    /// SGLang, TGI's OpenAI route, LMDeploy) is counted with the tokenizer
+    /// its engine loaded — tokenizer.json, the chat template, found through
+    /// the engine's command line and HF cache, inside its container —
+    /// (tokens_source "tokenizer"), on a thread of its own. Past the
+    /// budget, requests keep the estimate, counted in
+    /// tokentap.tokens.tokenize_failed{reason="budget"}. 0 turns it off
+    /// (no tokenizer is loaded, no request text kept).
+    #[arg(help_heading = "Tokens", long, value_name = "CORES", default_value_t = 0.25, value_parser = cores)]
+    #[serde(deserialize_with = "checked::cores")]
+    pub tokenize_cpu: f64,
+    /// Share of the requests that carry the engine's own counts also
+    /// counted with its tokenizer, to check the tokenizer path against the
+    /// engine (tokentap.tokens.agreement{engine, result}), 0 to 1.
+    #[arg(help_heading = "Tokens", long, value_name = "RATIO", default_value_t = 0.05, value_parser = ratio)]
+    #[serde(deserialize_with = "checked::ratio")]
+    pub tokenize_check_ratio: f64,
     /// Key for `api_key_id` (HMAC-SHA256 of the request's API key; the key
     /// itself is never kept): the bytes of this file. Default: a random
     /// key made on first use in /var/lib/tokentap/api-key-salt (mode 0600);
@@ -267,6 +286,18 @@ fn ratio(s: &str) -> Result<f64, String> {
         Ok(v)
     } else {
         Err(format!("{v} is not in 0..=1"))
+    }
+}
+
+/// A CPU share in cores: 0 (off) to 64.
+fn cores(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .parse()
+        .map_err(|e| format!("{e} (want a number of cores, e.g. 0.25)"))?;
+    if (0.0..=64.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!("{v} is not in 0..=64 cores"))
     }
 }
 
@@ -411,6 +442,11 @@ mod checked {
 
     pub fn interval<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
         secs(d, 0.1)
+    }
+
+    pub fn cores<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+        let v = f64::deserialize(d)?;
+        super::cores(&v.to_string()).map_err(D::Error::custom)
     }
 
     pub fn ratio<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
@@ -570,6 +606,9 @@ pub struct RunPlan {
     pub max_tenants: usize,
     /// `--max-decode-memory`, bytes.
     pub max_decode_memory: u64,
+    /// `--tokenize-cpu` (cores; 0: off) and `--tokenize-check-ratio`.
+    pub tokenize_cpu: f64,
+    pub tokenize_check_ratio: f64,
     pub events_log: Option<PathBuf>,
     pub console: Option<ConsolePlan>,
     pub metrics: Option<MetricsConfig>,
@@ -784,6 +823,8 @@ pub fn resolve(f: &RunFlags, env: &dyn Env) -> Result<RunPlan> {
         log_all_requests: f.log_all_requests,
         max_tenants: f.max_tenants,
         max_decode_memory: f.max_decode_memory,
+        tokenize_cpu: f.tokenize_cpu,
+        tokenize_check_ratio: f.tokenize_check_ratio,
         events_log: f.events_log.clone(),
         console,
         metrics,

@@ -100,6 +100,13 @@ pub async fn run(plan: RunPlan) -> Result<()> {
         .enricher(Container)
         .enricher(ModelVersion)
         .timeline(crate::timeline::Timeline::new(events_cfg), true);
+    if plan.tokenize_cpu > 0.0 {
+        pipe = pipe.tokens(super::tokens::TokensStage::start(
+            plan.tokenize_cpu,
+            plan.tokenize_check_ratio,
+            health.clone(),
+        )?);
+    }
     if let Some(node) = &plan.kube_node {
         // After ModelVersion: a pod's model-version label overrides it.
         let km = KubeMeta::start(node).await?;
@@ -213,7 +220,11 @@ pub async fn run(plan: RunPlan) -> Result<()> {
     };
     let mut batch = Vec::new();
     cap.seed(&mut batch);
-    let mut targeter = Targeter::new(plan.targeting.clone(), plan.capture.proc_root.clone());
+    let mut targeter = Targeter::new(
+        plan.targeting.clone(),
+        plan.capture.proc_root.clone(),
+        plan.tokenize_cpu > 0.0,
+    );
     let ready = targeter.start(&mut cap, &mut pipe.node, &mut batch)?;
     eprintln!("{ready}");
     // Ready once the engines running now are targeted in the kernel, not

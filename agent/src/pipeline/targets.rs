@@ -33,7 +33,7 @@ use crate::{
     engines::Engine,
     event::SocketEvent,
     host::{discover, procfs},
-    identity::{engine_info, model_version, serving_config},
+    identity::{engine_info, model_version, serving_config, tokenizer},
 };
 
 /// Full rescans while targets are alive (new replicas, new engines).
@@ -100,6 +100,9 @@ impl Facts {
 struct FactsReader {
     jobs: mpsc::Sender<(u32, u64, Option<Engine>)>,
     done: mpsc::Receiver<(u32, u64, Facts)>,
+    /// Engines' tokenizers, found after their other facts (loading one
+    /// takes up to a second; the model version should not wait for it).
+    tokenizers: mpsc::Receiver<(u32, u64, tokenizer::Found)>,
     next: u64,
     /// The latest job per process (older answers are dropped).
     wanted: HashMap<u32, u64>,
@@ -108,18 +111,27 @@ struct FactsReader {
 }
 
 impl FactsReader {
-    fn spawn(proc_root: PathBuf) -> Self {
+    /// `tokenizers`: find each engine's tokenizer too.
+    fn spawn(proc_root: PathBuf, tokenizers: bool) -> Self {
         let (jobs, rx) = mpsc::channel::<(u32, u64, Option<Engine>)>();
         let (tx, done) = mpsc::channel();
+        let (tok_tx, tok_rx) = mpsc::channel();
         let spawned = std::thread::Builder::new()
             .name("tokentap-facts".into())
             .spawn(move || {
+                let mut loader = tokenizer::Loader::default();
                 while let Ok((pid, n, engine)) = rx.recv() {
                     if tx
                         .send((pid, n, Facts::read(&proc_root, pid, engine)))
                         .is_err()
                     {
                         break;
+                    }
+                    if tokenizers && engine.is_some() {
+                        let found = loader.find(&proc_root, pid, engine);
+                        if tok_tx.send((pid, n, found)).is_err() {
+                            break;
+                        }
                     }
                 }
             });
@@ -129,6 +141,7 @@ impl FactsReader {
         FactsReader {
             jobs,
             done,
+            tokenizers: tok_rx,
             next: 0,
             wanted: HashMap::new(),
             busy_since: None,
@@ -165,6 +178,24 @@ impl FactsReader {
     fn drain(&mut self, node: &mut NodeState) {
         while let Ok(got) = self.done.try_recv() {
             self.apply(got, node);
+        }
+        while let Ok((pid, _, found)) = self.tokenizers.try_recv() {
+            if let Some(p) = node.processes.get_mut(&pid) {
+                let engine = p.engine.map_or("engine", Engine::name);
+                match &found.tokenizer {
+                    Some(_) => eprintln!(
+                        "tokentap: pid {pid} ({engine}): its tokenizer loaded from {}: streamed requests without usage are counted exactly",
+                        found.detail
+                    ),
+                    None => eprintln!(
+                        "tokentap: pid {pid} ({engine}): no tokenizer ({}: {}): its requests without usage keep estimated token counts",
+                        found.state.as_str(),
+                        found.detail
+                    ),
+                }
+                p.tokenizer_state = Some(found.state);
+                p.tokenizer = found.tokenizer.map(crate::tokenize::Shared);
+            }
         }
     }
 
@@ -212,7 +243,9 @@ pub struct Targeter {
 }
 
 impl Targeter {
-    pub fn new(targeting: Targeting, proc_root: PathBuf) -> Self {
+    /// `tokenizers`: also find each engine's tokenizer (`--tokenize-cpu`
+    /// above 0).
+    pub fn new(targeting: Targeting, proc_root: PathBuf, tokenizers: bool) -> Self {
         Self {
             targeting,
             last_scan: None,
@@ -222,7 +255,7 @@ impl Targeter {
             alive: HashSet::new(),
             watch: VecDeque::new(),
             exec_seen: false,
-            facts: RefCell::new(FactsReader::spawn(proc_root.clone())),
+            facts: RefCell::new(FactsReader::spawn(proc_root.clone(), tokenizers)),
             proc_root,
         }
     }
@@ -300,6 +333,8 @@ impl Targeter {
                 engine_version: i.engine_version.clone(),
                 serving_config: i.serving_config.clone(),
                 info_settled: i.info_settled,
+                tokenizer: i.tokenizer.clone(),
+                tokenizer_state: i.tokenizer_state,
                 ..ProcessInfo::default()
             })
         };

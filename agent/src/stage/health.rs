@@ -71,10 +71,31 @@ pub struct Health {
     /// Served TLS connections that ended without plaintext (the engine's
     /// TLS library is not one tokentap reads, or `--no-tls`).
     pub tls_undecoded: AtomicU64,
+    /// The engines' tokenizers (`pipeline::tokens`): what they counted,
+    /// what fell back to the estimate and why, their agreement with the
+    /// engines' own counts, which engines have one.
+    pub tokens: Mutex<TokenCounts>,
     /// The eBPF programs are attached (`/readyz`).
     pub attached: AtomicBool,
     /// Why the agent is not ready (shown by `/readyz` with its 503).
     pub not_ready: Mutex<String>,
+}
+
+/// What the tokenizer stage did since the start (`tokentap.tokens.*`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TokenCounts {
+    /// Counts the tokenizer set, by direction (`input`, `output`).
+    pub tokenized: std::collections::BTreeMap<&'static str, u64>,
+    /// Counts that stayed the estimate, by reason (`budget`,
+    /// `queue_full`, `timeout`, `text_lost`, and `tokenize::Failure`'s).
+    pub failed: std::collections::BTreeMap<&'static str, u64>,
+    /// Sampled checks against the engine's own counts, by engine,
+    /// direction and result (`agree`, `disagree`).
+    pub agreement: std::collections::BTreeMap<(String, &'static str, &'static str), u64>,
+    /// Engine processes alive now, by how finding their tokenizer ended.
+    pub tokenizer: std::collections::BTreeMap<&'static str, u64>,
+    /// CPU the tokenizer thread used (ns).
+    pub cpu_ns: u64,
 }
 
 /// A plain copy of [`Health`] (for the console and the shutdown line).
@@ -208,6 +229,8 @@ pub enum Reading {
     One(fn(&Health) -> i64),
     /// One value per `reason` attribute.
     ByReason(fn(&Health) -> Vec<(&'static str, u64)>),
+    /// Values with attributes of their own (key, value).
+    ByAttrs(fn(&Health) -> Vec<(Vec<(&'static str, String)>, u64)>),
 }
 
 /// One of the agent's own instruments: the OTLP sink registers each on its
@@ -251,6 +274,19 @@ fn tls(h: &Health) -> crate::capture::tls::TlsCounts {
         .clone()
 }
 
+fn tokens(h: &Health) -> TokenCounts {
+    h.tokens.lock().unwrap_or_else(|p| p.into_inner()).clone()
+}
+
+fn by(
+    key: &'static str,
+    m: std::collections::BTreeMap<&'static str, u64>,
+) -> Vec<(Vec<(&'static str, String)>, u64)> {
+    m.into_iter()
+        .map(|(v, n)| (vec![(key, v.to_string())], n))
+        .collect()
+}
+
 fn reasons(h: &Health) -> crate::decode::ProtocolCounts {
     h.protocol_counts
         .lock()
@@ -259,7 +295,7 @@ fn reasons(h: &Health) -> crate::decode::ProtocolCounts {
 }
 
 use HealthKind::{Counter, Gauge, UpDown};
-use Reading::{ByReason, One};
+use Reading::{ByAttrs, ByReason, One};
 
 /// The agent's health instruments (`tokentap.*`): the one list of them.
 pub static INSTRUMENTS: &[HealthInstrument] = &[
@@ -283,6 +319,11 @@ pub static INSTRUMENTS: &[HealthInstrument] = &[
     row(Counter, "tokentap.decode.http2.dropped", "{connection}", "HTTP/2 connections dropped from decoding, by reason (malformed frames, HPACK errors, a header block that never ends, a gRPC length past 64 MiB, a reused stream id, too many streams); also counted in tokentap.decode.errors", ByReason(|h| reasons(h).http2_dropped)),
     row(Counter, "tokentap.files.refused", "{file}", "Engines' files (under /proc/PID/root) not read, by reason: not_regular (a FIFO, socket or device where a file was expected: never opened), oversized, no_openat2 (paths cannot be resolved inside the container: nothing read)", ByReason(|_| crate::host::rootfs::refused().to_vec())),
     row(Counter, "tokentap.decode.shed", "{cut}", "What the decoder's memory budget (--max-decode-memory) took back, by reason: response_body (a non-streamed body not read: its tokens unknown), stream_event (a stream event being assembled), gateway_held (the gateway join's waiting records, released unjoined), partial_head (an idle connection's unfinished head or header block: decoded again from its next request), in_flight (a connection's requests ended as truncated_capture)", ByReason(|h| reasons(h).shed.iter().map(|(r, n)| (r.as_str(), *n)).collect())),
+    row(Counter, "tokentap.tokens.tokenized", "{count}", "Token counts set by the engine's own tokenizer (tokens_source tokenizer), by direction (input, output): requests whose response carried no counts", ByAttrs(|h| by("direction", tokens(h).tokenized))),
+    row(Counter, "tokentap.tokens.tokenize_failed", "{count}", "Token counts of requests with an engine tokenizer that stayed the estimate, by reason: budget (--tokenize-cpu spent), queue_full, timeout, text_lost (the request's text was not kept whole: too large, cut by the capture, shed by the memory budget), body (not the JSON the operation reads), no_template, template (the chat template failed), encode, operation (an API not tokenized: Responses)", ByAttrs(|h| by("reason", tokens(h).failed))),
+    row(Counter, "tokentap.tokens.agreement", "{check}", "Sampled checks (--tokenize-check-ratio) of the engine's tokenizer against the engine's own counts, by engine (gen_ai.provider.name), direction (input, output) and result (agree, disagree)", ByAttrs(|h| tokens(h).agreement.into_iter().map(|((e, d, r), n)| (vec![("gen_ai.provider.name", e), ("direction", d.to_string()), ("result", r.to_string())], n)).collect())),
+    row(Gauge, "tokentap.tokens.tokenizer", "{process}", "Engine processes by how finding their tokenizer ended (state: loaded, not_found, unsupported — GGUF engines, invalid)", ByAttrs(|h| by("state", tokens(h).tokenizer))),
+    row(Counter, "tokentap.tokens.tokenize_cpu", "ns", "CPU time the tokenizer thread used (its budget: --tokenize-cpu)", One(|h| tokens(h).cpu_ns as i64)),
     row(Gauge, "tokentap.decode.memory", "By", "Bytes the decoder's connections hold now (parsing buffers, header tables, per-connection state), against --max-decode-memory", One(|h| load(&h.decode_memory))),
     row(Counter, "tokentap.decode.grpc.skipped", "{message}", "gRPC messages not read, by reason (unsupported_compression, oversized: read from their leading fields, bad_message, unrecognised service, orphan_response)", ByReason(|h| reasons(h).grpc_skipped.iter().map(|(r, n)| (r.as_str(), *n)).collect())),
     row(Counter, "tokentap.metrics.attribute_overflow", "{value}", "Attribute values exported as \"other\" by a cardinality cap (--max-models, --max-tenants)", One(|h| load(&h.attribute_overflow))),

@@ -168,6 +168,11 @@ pub struct ProcessInfo {
     /// The info endpoint was asked (answered, or gave up): the version and
     /// configuration are final for this process.
     pub info_settled: bool,
+    /// The tokenizer it loaded (`identity::tokenizer`), shared with every
+    /// process serving the same files; found after the other facts.
+    pub tokenizer: Option<crate::tokenize::Shared>,
+    /// How finding it ended (None: not looked for yet).
+    pub tokenizer_state: Option<crate::identity::tokenizer::State>,
 }
 
 /// Engine pid → (`gen_ai.provider.name`, model) as the OTLP sink's records

@@ -481,6 +481,7 @@ mod tests {
             self_request: false,
             chunk_gaps_s: vec![],
             prompt_fp: None,
+            text: None,
         }
     }
 

@@ -63,6 +63,7 @@ fn finished(rec: RequestRecord, fp: u64) -> Finished {
         self_request: false,
         chunk_gaps_s: vec![],
         prompt_fp: Some(fp),
+        text: None,
     }
 }
 

@@ -67,6 +67,24 @@ impl Failure {
     }
 }
 
+/// A loaded tokenizer as process facts hold it: equal when it is the
+/// same one.
+#[derive(Clone)]
+pub struct Shared(pub std::sync::Arc<Tokenizer>);
+
+impl PartialEq for Shared {
+    fn eq(&self, o: &Self) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &o.0)
+    }
+}
+impl Eq for Shared {}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
 /// An engine's tokenizer, loaded once and shared by every process that
 /// serves the same files.
 pub struct Tokenizer {

@@ -36,14 +36,16 @@ pub struct Job {
     pub op: Operation,
     /// The request body, when its input is to be counted.
     pub body: Option<Vec<u8>>,
-    /// The generated text, when the output is to be counted.
-    pub output: Option<String>,
+    /// The generated text per choice, when the output is to be counted
+    /// (the count is their sum).
+    pub output: Option<Vec<String>>,
     pub finish_reason: Option<String>,
 }
 
 impl Job {
     fn bytes(&self) -> usize {
-        self.body.as_ref().map_or(0, Vec::len) + self.output.as_ref().map_or(0, String::len)
+        self.body.as_ref().map_or(0, Vec::len)
+            + self.output.iter().flatten().map(String::len).sum::<usize>()
     }
 }
 
@@ -186,10 +188,11 @@ pub fn run(job: &Job) -> Done {
         .body
         .as_ref()
         .map(|b| t.input_tokens(job.engine, job.op, b));
-    let output = job
-        .output
-        .as_ref()
-        .map(|o| t.output_tokens(job.engine, o, job.finish_reason.as_deref()));
+    let output = job.output.as_ref().map(|choices| {
+        choices.iter().try_fold(0u64, |n, o| {
+            Ok(n + t.output_tokens(job.engine, o, job.finish_reason.as_deref())?)
+        })
+    });
     Done {
         id: job.id,
         input,

@@ -756,6 +756,69 @@ fn common<'a>(
 
 /// Interprets one stream event (or a whole non-streamed body) of `format`.
 /// `None` when the bytes are not a JSON object of that family's shape.
+/// The generated text a response event or whole body (`json`) of
+/// `format` carries, appended to `kept` per choice: OpenAI chat's
+/// `content`, `reasoning_content`/`reasoning` and tool calls' `name` and
+/// `arguments` (in `delta` or `message`), completions' `text`, TGI's
+/// `token.text` (not special tokens) or `generated_text`. Other formats
+/// carry engine counts, or are not tokenized here.
+pub fn generated_text(format: Format, json: &[u8], kept: &mut crate::record::KeptText) {
+    use serde_json::Value;
+    let Ok(v) = serde_json::from_slice::<Value>(json) else {
+        return;
+    };
+    let push = |kept: &mut crate::record::KeptText, i: usize, s: Option<&Value>| {
+        if let Some(s) = s.and_then(Value::as_str) {
+            kept.push_output(i, s);
+        }
+    };
+    match format {
+        Format::OpenAiChat | Format::OpenAiCompletions => {
+            let Some(choices) = v.get("choices").and_then(Value::as_array) else {
+                return;
+            };
+            for (n, c) in choices.iter().enumerate() {
+                let i = c
+                    .get("index")
+                    .and_then(Value::as_u64)
+                    .map_or(n, |i| i.min(usize::MAX as u64) as usize);
+                push(kept, i, c.get("text"));
+                for m in [c.get("delta"), c.get("message")].into_iter().flatten() {
+                    for k in ["reasoning_content", "reasoning", "content"] {
+                        push(kept, i, m.get(k));
+                    }
+                    for call in m
+                        .get("tool_calls")
+                        .and_then(Value::as_array)
+                        .into_iter()
+                        .flatten()
+                    {
+                        if let Some(f) = call.get("function") {
+                            push(kept, i, f.get("name"));
+                            push(kept, i, f.get("arguments"));
+                        }
+                    }
+                }
+            }
+        }
+        Format::TgiGenerate => {
+            let one = |kept: &mut crate::record::KeptText, v: &Value| match v.get("token") {
+                Some(t) => {
+                    if t.get("special").and_then(Value::as_bool) != Some(true) {
+                        push(kept, 0, t.get("text"));
+                    }
+                }
+                None => push(kept, 0, v.get("generated_text")),
+            };
+            match &v {
+                Value::Array(a) => a.iter().for_each(|x| one(kept, x)),
+                _ => one(kept, &v),
+            }
+        }
+        _ => {}
+    }
+}
+
 pub fn interpret(format: Format, json: &[u8]) -> Option<EventInfo<'_>> {
     match format {
         Format::OpenAiChat

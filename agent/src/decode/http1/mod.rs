@@ -107,16 +107,33 @@ impl Http1Conn {
             RespState::Head(h) => h.buffered(),
             RespState::Body { body, .. } => body.buffered(),
         };
-        req + resp + self.queue.len() * std::mem::size_of::<Exchange>()
+        req + resp
+            + self.queue.len() * std::mem::size_of::<Exchange>()
+            + self.queue.iter().map(Exchange::text_held).sum::<usize>()
     }
 
-    /// The memory budget's first cut: the response body kept for reading
-    /// (or the stream event being assembled) is let go. The reason, when
-    /// anything was held.
-    pub fn shed_body(&mut self) -> Option<crate::vocab::ShedReason> {
-        match &mut self.resp {
-            RespState::Body { body, .. } => body.shed(),
-            RespState::Head(_) => None,
+    /// The memory budget's first cut: the text kept for the tokenizer,
+    /// and the response body kept for reading (or the stream event being
+    /// assembled), are let go. Each reason counted once, when anything
+    /// was held.
+    pub fn shed_body(&mut self, counted: &mut dyn FnMut(crate::vocab::ShedReason)) {
+        let mut text = false;
+        for x in self.queue.iter_mut() {
+            text |= x.shed_text();
+        }
+        if let ReqState::Body { scan, .. } = &mut self.req {
+            text |= scan.shed_body();
+        }
+        if text {
+            counted(crate::vocab::ShedReason::TokenizeText);
+        }
+        if let RespState::Body { body, .. } = &mut self.resp {
+            if let Some(why) = body.shed() {
+                if let Some(x) = self.queue.front_mut() {
+                    x.output_lost();
+                }
+                counted(why);
+            }
         }
     }
 
@@ -314,6 +331,7 @@ impl Http1Conn {
                     if head.method == "HEAD" {
                         self.heads.push(seq);
                     }
+                    let scan = x.request_scan(&out.identity.rule_fields);
                     self.queue.push_back(x);
                     let framing = head.framing.unwrap_or(Framing::None);
                     let complete = matches!(framing, Framing::None | Framing::Length(0));
@@ -321,7 +339,7 @@ impl Http1Conn {
                         seq,
                         complete,
                         framing,
-                        scan: Box::new(RequestScan::new(&out.identity.rule_fields)),
+                        scan,
                     };
                     if complete {
                         self.request_done();
@@ -398,9 +416,7 @@ impl Http1Conn {
         let state = std::mem::replace(&mut self.req, ReqState::Head(HeadBuf::default()));
         if let ReqState::Body { seq, scan, .. } = state {
             if let Some(x) = self.queue.iter_mut().find(|x| x.seq == seq) {
-                if !scan.is_empty() {
-                    (x.request, x.prompt_fp) = scan.finish();
-                }
+                x.read_request(scan);
             }
         }
     }

@@ -246,6 +246,7 @@ impl Http2Conn {
                         .as_ref()
                         .map_or(0, |r| std::mem::size_of::<RequestScan>() + r.buffered())
                         + h.body.as_ref().map_or(0, Body::buffered)
+                        + h.x.text_held()
                 }
                 Stream::Grpc { call, .. } => call.buffered(),
                 Stream::Ignored => 0,
@@ -260,7 +261,12 @@ impl Http2Conn {
     pub fn shed_bodies(&mut self, counted: &mut dyn FnMut(crate::vocab::ShedReason)) {
         for s in self.streams.values_mut() {
             if let Stream::Http(h) = s {
+                let text = h.x.shed_text() | h.req_scan.as_mut().is_some_and(|r| r.shed_body());
+                if text {
+                    counted(crate::vocab::ShedReason::TokenizeText);
+                }
                 if let Some(why) = h.body.as_mut().and_then(Body::shed) {
+                    h.x.output_lost();
                     counted(why);
                 }
                 self.budget += h.held;
@@ -835,10 +841,9 @@ impl Http2Conn {
         match self.streams.get_mut(&id) {
             Some(Stream::Http(h)) => {
                 if is_request {
+                    let x = &h.x;
                     h.req_scan
-                        .get_or_insert_with(|| {
-                            Box::new(RequestScan::new(&out.identity.rule_fields))
-                        })
+                        .get_or_insert_with(|| x.request_scan(&out.identity.rule_fields))
                         .feed(bytes);
                 } else if let Some(body) = h.body.as_mut() {
                     h.x.last_response_byte_ns = Some(ts);
@@ -905,9 +910,7 @@ impl Http2Conn {
         if is_request {
             if let Some(Stream::Http(h)) = self.streams.get_mut(&id) {
                 if let Some(scan) = h.req_scan.take() {
-                    if !scan.is_empty() {
-                        (h.x.request, h.x.prompt_fp) = scan.finish();
-                    }
+                    h.x.read_request(scan);
                 }
             }
             return;

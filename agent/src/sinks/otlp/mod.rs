@@ -537,6 +537,15 @@ fn register_health(meter: &opentelemetry::metrics::Meter, health: &Arc<Health>) 
                     .into_iter()
                     .map(|(r, n)| (n as i64, vec![KeyValue::new("reason", r)]))
                     .collect(),
+                Reading::ByAttrs(f) => f(&h)
+                    .into_iter()
+                    .map(|(kv, n)| {
+                        (
+                            n as i64,
+                            kv.into_iter().map(|(k, v)| KeyValue::new(k, v)).collect(),
+                        )
+                    })
+                    .collect(),
             }
         };
         // One builder per kind; the same unit, description and callback.

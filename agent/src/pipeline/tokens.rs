@@ -1,0 +1,380 @@
+//! The tokenizer stage: a finished request whose response carried no
+//! token counts (`tokens_source` estimate) — and a sample of those that
+//! did, to check — is counted with the tokenizer its engine loaded
+//! (`identity::tokenizer`, held in `ProcessInfo::tokenizer`), on the
+//! tokenizer's own thread (`tokenize::worker`, within `--tokenize-cpu`).
+//! The record waits here until its counts come back, at most [`WAIT`];
+//! then it goes on (to the GPU join, then the sinks) with
+//! `tokens_source` `tokenizer`, or with its estimate and the reason
+//! counted. The request's kept text never leaves this stage.
+//!
+//! Owns: which requests are counted or checked, the waiting records, the
+//! `tokentap.tokens.*` counts. Must not: tokenize on the pipeline's thread,
+//! or hold a record longer than [`WAIT`].
+
+use std::{
+    collections::{HashMap, HashSet, VecDeque},
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use crate::{
+    record::{Finished, KeptText},
+    stage::{health::Health, NodeState},
+    tokenize::{
+        worker::{Done, Job, Worker},
+        Failure,
+    },
+    vocab::{Operation, TokenSource, TokenSources},
+};
+
+/// A record waits for its counts at most this long (a queue behind a
+/// 100k-token prompt, a starved thread): then it goes on with its
+/// estimate (`timeout`).
+pub const WAIT: Duration = Duration::from_secs(5);
+
+/// What a job was asked for one record.
+struct Waiting {
+    f: Finished,
+    since: Instant,
+    /// The input's / output's count is to be set (else checked, if asked).
+    set_input: bool,
+    set_output: bool,
+}
+
+pub struct TokensStage {
+    worker: Worker,
+    health: Arc<Health>,
+    check_ratio: f64,
+    /// The checks' running share (a check each time it passes 1).
+    check_acc: f64,
+    waiting: HashMap<u64, Waiting>,
+    order: VecDeque<u64>,
+    next_id: u64,
+    /// Engines whose first disagreement was said.
+    said: HashSet<(String, &'static str)>,
+    /// The text-keeping set last handed to the decoder.
+    text_pids: HashSet<u32>,
+}
+
+impl TokensStage {
+    /// `cpu`: the budget in cores (above 0); `check_ratio`: the share of
+    /// requests with engine counts checked.
+    pub fn start(cpu: f64, check_ratio: f64, health: Arc<Health>) -> std::io::Result<Self> {
+        Ok(Self {
+            worker: Worker::start(cpu)?,
+            health,
+            check_ratio,
+            check_acc: 0.0,
+            waiting: HashMap::new(),
+            order: VecDeque::new(),
+            next_id: 0,
+            said: HashSet::new(),
+            text_pids: HashSet::new(),
+        })
+    }
+
+    /// The processes whose requests' text the decoder should keep (those
+    /// with a tokenizer), when that set changed since the last call.
+    pub fn text_pids(&mut self, node: &NodeState) -> Option<HashSet<u32>> {
+        let now: HashSet<u32> = node
+            .processes
+            .iter()
+            .filter(|(_, p)| p.tokenizer.is_some())
+            .map(|(pid, _)| *pid)
+            .collect();
+        let mut states = std::collections::BTreeMap::new();
+        for p in node.processes.values() {
+            if let Some(s) = p.tokenizer_state {
+                *states.entry(s.as_str()).or_default() += 1;
+            }
+        }
+        self.counts(|c| c.tokenizer = states);
+        (now != self.text_pids).then(|| {
+            self.text_pids = now.clone();
+            now
+        })
+    }
+
+    fn counts(&self, f: impl FnOnce(&mut crate::stage::health::TokenCounts)) {
+        f(&mut self.health.tokens.lock().unwrap_or_else(|p| p.into_inner()));
+    }
+
+    fn failed(&self, reason: &'static str) {
+        self.counts(|c| *c.failed.entry(reason).or_default() += 1);
+    }
+
+    /// A finished LLM request: handed back at once (nothing to count), or
+    /// kept until its counts come ([`TokensStage::poll`]).
+    pub fn on_finished(&mut self, mut f: Finished, node: &NodeState) -> Option<Finished> {
+        let text = f.text.take()?;
+        let r = &f.record;
+        let op = r.operation?;
+        let estimated = |s: Option<TokenSource>| s.is_none_or(|s| s == TokenSource::Estimate);
+        let src = r.tokens_source.unwrap_or(TokenSources {
+            input: None,
+            output: None,
+        });
+        let set_input = estimated(src.input) && op != Operation::Responses;
+        let set_output = estimated(src.output)
+            && !matches!(op, Operation::Embeddings | Operation::Responses)
+            && r.error_type.is_none();
+        let check = !set_input && !set_output && {
+            self.check_acc += self.check_ratio;
+            let due = self.check_acc >= 1.0;
+            if due {
+                self.check_acc -= 1.0;
+            }
+            due
+        };
+        if !(set_input || set_output || check) {
+            return Some(f);
+        }
+        let Some(tok) = node
+            .processes
+            .get(&r.pid)
+            .and_then(|p| p.tokenizer.as_ref())
+        else {
+            return Some(f);
+        };
+        let want_input = set_input || (check && r.input_tokens.is_some());
+        let want_output =
+            set_output || (check && r.output_tokens.is_some() && op != Operation::Embeddings);
+        let KeptText {
+            body,
+            outputs,
+            output_lost,
+            ..
+        } = (*text).clone();
+        let body = want_input.then_some(body).flatten();
+        let output = (want_output && !output_lost).then_some(outputs);
+        if want_input && body.is_none() {
+            self.failed("text_lost");
+        }
+        if want_output && output.is_none() {
+            self.failed("text_lost");
+        }
+        if body.is_none() && output.is_none() {
+            return Some(f);
+        }
+        self.next_id += 1;
+        let id = self.next_id;
+        let job = Job {
+            id,
+            tokenizer: tok.0.clone(),
+            engine: r
+                .provider
+                .as_deref()
+                .and_then(crate::engines::Engine::from_name),
+            op,
+            body,
+            output,
+            finish_reason: r.finish_reason.clone(),
+        };
+        f.text = Some(text);
+        match self.worker.submit(job) {
+            Ok(()) => {
+                self.waiting.insert(
+                    id,
+                    Waiting {
+                        f,
+                        since: Instant::now(),
+                        set_input,
+                        set_output,
+                    },
+                );
+                self.order.push_back(id);
+                None
+            }
+            Err(_) => {
+                self.failed("queue_full");
+                f.text = None;
+                Some(f)
+            }
+        }
+    }
+
+    /// Records whose counts came, and those that waited past [`WAIT`].
+    pub fn poll(&mut self, out: &mut Vec<Finished>) {
+        while let Some(done) = self.worker.try_recv() {
+            self.apply(done, out);
+        }
+        let now = Instant::now();
+        while let Some(id) = self.order.front().copied() {
+            match self.waiting.get(&id) {
+                None => {
+                    self.order.pop_front();
+                }
+                Some(w) if now.duration_since(w.since) > WAIT => {
+                    self.order.pop_front();
+                    let mut w = self.waiting.remove(&id).expect("present");
+                    self.failed("timeout");
+                    w.f.text = None;
+                    out.push(w.f);
+                }
+                Some(_) => break,
+            }
+        }
+        let st = &self.worker.stats;
+        let cpu = st.cpu_ns.load(std::sync::atomic::Ordering::Relaxed);
+        self.counts(|c| c.cpu_ns = cpu);
+    }
+
+    /// Waits (at most [`WAIT`]) for every record still counting.
+    pub fn flush(&mut self, out: &mut Vec<Finished>) {
+        let until = Instant::now() + WAIT;
+        while !self.waiting.is_empty() {
+            let left = until.saturating_duration_since(Instant::now());
+            match self.worker.recv_timeout(left) {
+                Some(done) => self.apply(done, out),
+                None => break,
+            }
+        }
+        let left: Vec<Waiting> = self.waiting.drain().map(|(_, w)| w).collect();
+        for mut w in left {
+            self.failed("timeout");
+            w.f.text = None;
+            out.push(w.f);
+        }
+        self.order.clear();
+    }
+
+    fn apply(&mut self, done: Done, out: &mut Vec<Finished>) {
+        let Some(mut w) = self.waiting.remove(&done.id) else {
+            return;
+        };
+        let text = w.f.text.take();
+        let r = &mut w.f.record;
+        if done.over_budget {
+            if w.set_input {
+                self.failed("budget");
+            }
+            if w.set_output {
+                self.failed("budget");
+            }
+            out.push(w.f);
+            return;
+        }
+        let engine = r
+            .provider
+            .clone()
+            .unwrap_or_else(|| crate::vocab::UNKNOWN.to_string());
+        let mut input = None;
+        let mut output = None;
+        for (dir, got, set, theirs) in [
+            ("input", done.input, w.set_input, r.input_tokens),
+            ("output", done.output, w.set_output, r.output_tokens),
+        ] {
+            let Some(got) = got else { continue };
+            match got {
+                Ok(n) if set => {
+                    self.counts(|c| *c.tokenized.entry(dir).or_default() += 1);
+                    if dir == "input" {
+                        input = Some(n);
+                    } else {
+                        output = Some(n);
+                    }
+                }
+                Ok(n) => {
+                    let theirs = theirs.unwrap_or(0);
+                    let result = if n == theirs { "agree" } else { "disagree" };
+                    self.counts(|c| {
+                        *c.agreement
+                            .entry((engine.clone(), dir, result))
+                            .or_default() += 1
+                    });
+                    if result == "disagree" && self.said.insert((engine.clone(), dir)) {
+                        eprintln!(
+                            "tokentap: pid {} ({engine}): its tokenizer counts {n} {dir} tokens where the engine says {theirs} (first disagreement; tokentap.tokens.agreement counts them)",
+                            r.pid
+                        );
+                    }
+                }
+                Err(e) => self.failed(failure_name(e)),
+            }
+        }
+        set_counts(r, input, output, text.and_then(|t| t.content_span_s));
+        out.push(w.f);
+    }
+}
+
+fn failure_name(f: Failure) -> &'static str {
+    f.as_str()
+}
+
+/// Sets the tokenizer's counts on a record: sources, exactness, TPOT.
+pub fn set_counts(
+    r: &mut crate::record::RequestRecord,
+    input: Option<u64>,
+    output: Option<u64>,
+    content_span_s: Option<f64>,
+) {
+    if input.is_none() && output.is_none() {
+        return;
+    }
+    let mut src = r.tokens_source.unwrap_or(TokenSources {
+        input: None,
+        output: None,
+    });
+    if let Some(n) = input {
+        r.input_tokens = Some(n);
+        src.input = Some(TokenSource::Tokenizer);
+    }
+    if let Some(n) = output {
+        r.output_tokens = Some(n);
+        src.output = Some(TokenSource::Tokenizer);
+        if r.stream {
+            r.tpot_s = match (content_span_s, n) {
+                (Some(span), n) if n > 1 => Some(span / (n - 1) as f64),
+                _ => None,
+            };
+        }
+    }
+    r.tokens_source = TokenSources::of(src.input, src.output);
+    let exact = |s: Option<TokenSource>| s.is_some_and(|s| s != TokenSource::Estimate);
+    r.tokens_exact =
+        exact(src.input) && (exact(src.output) || r.operation == Some(Operation::Embeddings));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::RequestRecord;
+
+    #[test]
+    fn the_tokenizers_counts_replace_the_estimate_and_tpot_follows() {
+        let mut r = RequestRecord {
+            stream: true,
+            operation: Some(Operation::Chat),
+            input_tokens: Some(10),
+            output_tokens: Some(4),
+            tpot_s: Some(0.1),
+            tokens_source: TokenSources::of(
+                Some(TokenSource::Estimate),
+                Some(TokenSource::Estimate),
+            ),
+            ..Default::default()
+        };
+        set_counts(&mut r, Some(37), Some(10), Some(0.3));
+        assert_eq!((r.input_tokens, r.output_tokens), (Some(37), Some(10)));
+        assert!((r.tpot_s.unwrap() - 0.3 / 9.0).abs() < 1e-12);
+        assert!(r.tokens_exact);
+        assert_eq!(
+            serde_json::to_string(&r.tokens_source).unwrap(),
+            "\"tokenizer\""
+        );
+        // Input from usage, output from the tokenizer: per direction.
+        let mut r = RequestRecord {
+            operation: Some(Operation::Chat),
+            input_tokens: Some(5),
+            tokens_source: TokenSources::of(Some(TokenSource::Usage), Some(TokenSource::Estimate)),
+            ..Default::default()
+        };
+        set_counts(&mut r, None, Some(3), None);
+        assert!(r.tokens_exact);
+        assert_eq!(
+            serde_json::to_string(&r.tokens_source).unwrap(),
+            r#"{"input":"usage","output":"tokenizer"}"#
+        );
+    }
+}
