@@ -63,6 +63,25 @@ impl Peers {
         self.dir.join(".model/tiny-llama.gguf")
     }
 
+    /// The llama-cpp-python sdist `install.sh` unpacked (llama.cpp's
+    /// source tree is under `vendor/llama.cpp`): the one in `.build/`.
+    pub fn sdist(&self) -> PathBuf {
+        let build = self.dir.join(".build");
+        std::fs::read_dir(&build)
+            .ok()
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| {
+                p.is_dir()
+                    && p.file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| n.starts_with("llama_cpp_python-"))
+            })
+            .unwrap_or_else(|| panic!("no llama_cpp_python-* sdist in {}", build.display()))
+    }
+
     pub fn lib_dir(&self) -> PathBuf {
         self.dir.join(".build/llama.cpp/bin")
     }

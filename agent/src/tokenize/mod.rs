@@ -191,6 +191,14 @@ impl Tokenizer {
             .map_err(|_| Failure::Encode)
     }
 
+    /// The ids of `text` (the tests' and the benchmark's view).
+    pub fn encode_ids(&self, text: &str, add_special: bool) -> Result<Vec<u32>, Failure> {
+        self.hf
+            .encode_fast(text, add_special)
+            .map(|e| e.get_ids().to_vec())
+            .map_err(|_| Failure::Encode)
+    }
+
     /// Whether a chat template is known.
     pub fn has_chat_template(&self) -> bool {
         self.chat.is_some()

@@ -79,6 +79,25 @@ impl ChatTemplate {
             Err(Error::new(ErrorKind::InvalidOperation, msg))
         });
         env.add_function("strftime_now", strftime_now);
+        // What Python's str() prints: `True`, `None`, `1e-05`, `3.0`, a
+        // dict's repr — not minijinja's `true`, `none`, `1e-5`.
+        env.set_formatter(|out, _state, v| {
+            use std::fmt::Write;
+            if !v.is_undefined() {
+                out.write_str(&py_str(v))
+                    .map_err(|_| Error::new(ErrorKind::WriteFailure, "write"))?;
+            }
+            Ok(())
+        });
+        env.add_filter("string", |v: Value| py_str(&v));
+        // Python's `is iterable`: None is not; Jinja's Undefined is.
+        env.add_test("iterable", |v: Value| {
+            use minijinja::value::ValueKind as K;
+            matches!(
+                v.kind(),
+                K::Seq | K::Map | K::Iterable | K::String | K::Bytes | K::Undefined
+            )
+        });
         env.add_template_owned("chat", without_marks(source))?;
         Ok(Self { env, specials })
     }
@@ -125,6 +144,7 @@ fn tojson(value: &Value, kwargs: Kwargs) -> Result<Value, Error> {
     let indent: Option<Value> = kwargs.get("indent")?;
     let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
     let separators: Option<Value> = kwargs.get("separators")?;
+    let ensure_ascii: Option<bool> = kwargs.get("ensure_ascii")?;
     kwargs.assert_all_used()?;
     let indent = match indent {
         None => None,
@@ -153,6 +173,7 @@ fn tojson(value: &Value, kwargs: Kwargs) -> Result<Value, Error> {
         item,
         key,
         sort_keys: sort_keys.unwrap_or(false),
+        ascii: ensure_ascii.unwrap_or(false),
     };
     let mut out = String::new();
     opts.write(value, 0, &mut out)?;
@@ -164,6 +185,8 @@ struct Dumps {
     item: String,
     key: String,
     sort_keys: bool,
+    /// `ensure_ascii=True`: non-ASCII as `\uXXXX` (surrogate pairs).
+    ascii: bool,
 }
 
 impl Dumps {
@@ -179,7 +202,14 @@ impl Dumps {
     fn write(&self, v: &Value, depth: usize, out: &mut String) -> Result<(), Error> {
         use minijinja::value::ValueKind as K;
         match v.kind() {
-            K::Undefined | K::None => out.push_str("null"),
+            // Python's json.dumps refuses Jinja's Undefined.
+            K::Undefined => {
+                return Err(Error::new(
+                    ErrorKind::InvalidOperation,
+                    "Undefined is not JSON serializable",
+                ))
+            }
+            K::None => out.push_str("null"),
             K::Bool => out.push_str(if v.is_true() { "true" } else { "false" }),
             K::Number => {
                 if v.is_integer() {
@@ -189,7 +219,7 @@ impl Dumps {
                     out.push_str(&py_float(f));
                 }
             }
-            K::String => py_string(v.as_str().unwrap_or_default(), out),
+            K::String => py_string(v.as_str().unwrap_or_default(), self.ascii, out),
             K::Map => {
                 let mut keys: Vec<Value> = v.try_iter()?.collect();
                 if keys.is_empty() {
@@ -206,8 +236,8 @@ impl Dumps {
                     }
                     self.newline(depth + 1, out);
                     match k.as_str() {
-                        Some(s) => py_string(s, out),
-                        None => py_string(&k.to_string(), out),
+                        Some(s) => py_string(s, self.ascii, out),
+                        None => py_string(&k.to_string(), self.ascii, out),
                     }
                     out.push_str(&self.key);
                     self.write(&v.get_item(k)?, depth + 1, out)?;
@@ -232,10 +262,87 @@ impl Dumps {
                 self.newline(depth, out);
                 out.push(']');
             }
-            _ => py_string(&v.to_string(), out),
+            _ => py_string(&v.to_string(), self.ascii, out),
         }
         Ok(())
     }
+}
+
+/// `str(v)` in Python: a string as it is, else [`py_repr`].
+fn py_str(v: &Value) -> String {
+    match v.as_str() {
+        Some(s) => s.to_string(),
+        None if v.is_undefined() => String::new(),
+        None => {
+            let mut out = String::new();
+            py_repr(v, &mut out);
+            out
+        }
+    }
+}
+
+/// `repr(v)` in Python: `'str'`, `True`, `None`, `1e-05`, `[1, 'a']`,
+/// `{'k': 2.0}`.
+fn py_repr(v: &Value, out: &mut String) {
+    use minijinja::value::ValueKind as K;
+    match v.kind() {
+        K::Undefined | K::None => out.push_str("None"),
+        K::Bool => out.push_str(if v.is_true() { "True" } else { "False" }),
+        K::Number if !v.is_integer() => {
+            out.push_str(&py_float(f64::try_from(v.clone()).unwrap_or(f64::NAN)))
+        }
+        K::String => py_quote(v.as_str().unwrap_or_default(), out),
+        K::Seq => {
+            out.push('[');
+            for (i, x) in v.try_iter().into_iter().flatten().enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                py_repr(&x, out);
+            }
+            out.push(']');
+        }
+        K::Map => {
+            out.push('{');
+            for (i, k) in v.try_iter().into_iter().flatten().enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                py_repr(&k, out);
+                out.push_str(": ");
+                py_repr(&v.get_item(&k).unwrap_or_default(), out);
+            }
+            out.push('}');
+        }
+        _ => out.push_str(&v.to_string()),
+    }
+}
+
+/// A string literal as Python's `repr` quotes it.
+fn py_quote(s: &str, out: &mut String) {
+    let q = if s.contains('\'') && !s.contains('"') {
+        '"'
+    } else {
+        '\''
+    };
+    out.push(q);
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c == q => {
+                out.push('\\');
+                out.push(c);
+            }
+            c if (c as u32) < 0x20 || c as u32 == 0x7f => {
+                out.push_str(&format!("\\x{:02x}", c as u32))
+            }
+            c => out.push(c),
+        }
+    }
+    out.push(q);
 }
 
 /// A float as Python's `repr` writes it (`1.0`, `0.5`, `1e-05`, `1e+16`).
@@ -265,8 +372,8 @@ fn py_float(f: f64) -> String {
     }
 }
 
-/// A string as Python's `json.dumps(ensure_ascii=False)` writes it.
-fn py_string(s: &str, out: &mut String) {
+/// A string as Python's `json.dumps` writes it (`ascii`: `ensure_ascii`).
+fn py_string(s: &str, ascii: bool, out: &mut String) {
     out.push('"');
     for c in s.chars() {
         match c {
@@ -278,6 +385,12 @@ fn py_string(s: &str, out: &mut String) {
             '\u{8}' => out.push_str("\\b"),
             '\u{c}' => out.push_str("\\f"),
             c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c if ascii && !c.is_ascii() => {
+                let mut units = [0u16; 2];
+                for u in c.encode_utf16(&mut units) {
+                    out.push_str(&format!("\\u{:04x}", u));
+                }
+            }
             c => out.push(c),
         }
     }
