@@ -222,6 +222,10 @@ pub struct KeptText {
     pub output_lost: bool,
     /// Seconds from the first content write to the last (TPOT's span).
     pub content_span_s: Option<f64>,
+    /// The output called a tool: the wire carries the call's name and
+    /// arguments, not the model's own markup around them, so its count
+    /// would fall short.
+    pub tool_calls: bool,
 }
 
 impl KeptText {

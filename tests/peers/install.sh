@@ -25,7 +25,7 @@ build="$here/.build"
 src="$build/llama_cpp_python-$LLAMA_CPP_PYTHON"
 jobs="${PEERS_JOBS:-$(nproc)}"
 stamp="$here/.installed"
-want="llama-cpp-python=$LLAMA_CPP_PYTHON requirements=$(sha256sum requirements.txt make_model.py install.sh | sha256sum | cut -c1-16)"
+want="llama-cpp-python=$LLAMA_CPP_PYTHON requirements=$(sha256sum requirements.txt requirements-tokenizers.txt tokenizer_vectors.py make_model.py install.sh | sha256sum | cut -c1-16)"
 
 if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
     echo "peers: installed ($want)"
@@ -152,6 +152,16 @@ build_llama_cpp() {
     echo "$llama_built_want" > "$llama_built_stamp"
 }
 
+tokenizer_vectors() {
+    # The tokenizer path's ground truth (tests/tests/tokenizers.rs): real
+    # tokenizer.json files from PyPI wheels encoded by Python's tokenizers,
+    # llama.cpp's chat templates rendered by transformers. A venv of its
+    # own: transformers' pins (httpx, huggingface-hub) are not the SDK's.
+    [[ -x "$here/.venv-tok/bin/python" ]] || python3 -m venv "$here/.venv-tok"
+    "$here/.venv-tok/bin/pip" install --quiet --disable-pip-version-check -r requirements-tokenizers.txt
+    "$here/.venv-tok/bin/python" tokenizer_vectors.py "$here/.tokenizers" "$src"
+}
+
 install_python_server() {
     # The Python package without its own copy of llama.cpp: it loads the
     # libraries built above (LLAMA_CPP_LIB_PATH, set by whoever starts it).
@@ -164,6 +174,7 @@ step sdist fetch_sdist
 step llama.cpp build_llama_cpp
 step llama-cpp-python install_python_server
 step nginx need_nginx
+step tokenizers tokenizer_vectors
 step model "$venv/bin/python" make_model.py --vocab "$src/vendor/llama.cpp/models/ggml-vocab-llama-spm.gguf" --out "$here/.model"
 echo "$want" > "$stamp"
 echo "peers: ready"; cat "$here/.install-times"

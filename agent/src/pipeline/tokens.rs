@@ -144,19 +144,21 @@ impl TokensStage {
             body,
             outputs,
             output_lost,
+            tool_calls,
             ..
         } = (*text).clone();
         let body = want_input.then_some(body).flatten();
-        let output = (want_output && !output_lost).then_some(outputs);
+        let output = (want_output && !output_lost && !tool_calls).then_some(outputs);
         if want_input && body.is_none() {
             self.failed("text_lost");
         }
         if want_output && output.is_none() {
-            self.failed("text_lost");
+            self.failed(if tool_calls { "tool_call" } else { "text_lost" });
         }
         if body.is_none() && output.is_none() {
             return Some(f);
         }
+        let (want_body, want_out) = (body.is_some(), output.is_some());
         self.next_id += 1;
         let id = self.next_id;
         let job = Job {
@@ -179,8 +181,8 @@ impl TokensStage {
                     Waiting {
                         f,
                         since: Instant::now(),
-                        set_input,
-                        set_output,
+                        set_input: set_input && want_body,
+                        set_output: set_output && want_out,
                     },
                 );
                 self.order.push_back(id);

@@ -82,7 +82,6 @@ impl ChatTemplate {
         // What Python's str() prints: `True`, `None`, `1e-05`, `3.0`, a
         // dict's repr — not minijinja's `true`, `none`, `1e-5`.
         env.set_formatter(|out, _state, v| {
-            use std::fmt::Write;
             if !v.is_undefined() {
                 out.write_str(&py_str(v))
                     .map_err(|_| Error::new(ErrorKind::WriteFailure, "write"))?;

@@ -793,6 +793,7 @@ pub fn generated_text(format: Format, json: &[u8], kept: &mut crate::record::Kep
                         .into_iter()
                         .flatten()
                     {
+                        kept.tool_calls = true;
                         if let Some(f) = call.get("function") {
                             push(kept, i, f.get("name"));
                             push(kept, i, f.get("arguments"));

@@ -1,0 +1,300 @@
+//! Exact token counts from the engine's own tokenizer (issue 36), as root,
+//! the way a node runs engines: the agent starts first (`--port`); a
+//! vLLM-like engine (`tests/peers/hf_engine.py`, run as `vllm serve
+//! MODEL`: transformers' `AutoTokenizer` and `apply_chat_template`, as
+//! vLLM counts) starts later in its own network namespace, its model
+//! directory mounted only inside its own mount namespace (the host's path
+//! is an empty directory: the agent must read it through
+//! `/proc/PID/root`). The model: a real Llama-2 `tokenizer.json` (from a
+//! PyPI wheel, `tokenizer_vectors.py`) with a real chat template
+//! (Qwen2.5's, from llama.cpp's source). It streams 3 tokens per chunk
+//! and sends no `usage`: for a multi-turn chat, a chat with tools, a
+//! completion, the record's `input_tokens`/`output_tokens` equal the
+//! engine's own counts and say `tokens_source: tokenizer`. A tool call's
+//! input is exact; its output keeps the estimate (the wire carries the
+//! call, not the model's markup around it). Then the engine restarts on
+//! the same port serving the model as a hub id through an HF cache
+//! directory (`HF_HUB_CACHE`, `refs/main` → `snapshots/HASH`): the same.
+
+use std::{
+    net::TcpStream,
+    path::{Path, PathBuf},
+    process::Command,
+    sync::mpsc,
+    time::{Duration, Instant},
+};
+
+use serde_json::{json, Value};
+use tokentap_tests::{
+    assert_root, free_port, http, interrupt, peers::Peers, read_jsonl, scratch_dir, start, Netns,
+    RunAgent,
+};
+
+/// Lines the agent printed until one contains `what` (panics after 60 s).
+fn wait_for(out: &mpsc::Receiver<String>, what: &str, seen: &mut Vec<String>) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let l = out
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .unwrap_or_else(|_| panic!("the agent never said {what:?}: {seen:#?}"));
+        let done = l.contains(what);
+        seen.push(l);
+        if done {
+            return;
+        }
+    }
+}
+
+/// The model's tokenizer files: Llama-2's tokenizer.json, a config naming
+/// its specials and Qwen2.5's chat template.
+fn model_files(peers: &Peers, dir: &Path) {
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::copy(
+        peers.dir.join(".tokenizers/tok/llama2/tokenizer.json"),
+        dir.join("tokenizer.json"),
+    )
+    .expect("the Llama-2 tokenizer.json (tokenizer_vectors.py)");
+    let template = std::fs::read_to_string(
+        peers
+            .sdist()
+            .join("vendor/llama.cpp/models/templates/Qwen-Qwen2.5-7B-Instruct.jinja"),
+    )
+    .unwrap();
+    let config = json!({"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
+        "add_bos_token": true, "tokenizer_class": "PreTrainedTokenizerFast",
+        "chat_template": template});
+    std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).unwrap();
+    // What AutoTokenizer reads first for a hub id (a real repo has one).
+    std::fs::write(dir.join("config.json"), r#"{"model_type": "llama"}"#).unwrap();
+}
+
+fn request(addr: &str, port: u16, path: &str, body: &Value) {
+    let mut s = TcpStream::connect((addr, port)).expect("connect to the engine");
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let r = http::round_trip(&mut s, path, &body.to_string()).expect("answer");
+    assert_eq!(
+        r.status(),
+        Some(200),
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
+}
+
+/// The requests of one phase, each tagged `{tag}-{name}` in `model`.
+fn requests(addr: &str, port: u16, tag: &str) {
+    let tools = json!([{"type": "function", "function": {"name": "get_weather",
+        "description": "Météo actuelle d'une ville — current weather (°C)",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string", "description": "The city"},
+            "days": {"type": "integer", "minimum": 1, "maximum": 3}},
+            "required": ["city"]}}}]);
+    let chat = json!({"model": format!("{tag}-chat"), "stream": true, "messages": [
+        {"role": "system", "content": "You are a terse assistant."},
+        {"role": "user", "content": "Name three colours of the rainbow, please."},
+        {"role": "assistant", "content": "Red, orange, yellow."},
+        {"role": "user", "content": "And the others? Answer in full — with the year Newton counted them."}]});
+    request(addr, port, "/v1/chat/completions", &chat);
+    let tool = json!({"model": format!("{tag}-tool"), "stream": true, "tools": tools, "messages": [
+        {"role": "user", "content": "What is the weather in Paris for the next days?"}]});
+    request(addr, port, "/v1/chat/completions", &tool);
+    let history = json!({"model": format!("{tag}-history"), "stream": true, "tools": tools, "messages": [
+        {"role": "user", "content": "What is the weather in Paris?"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\", \"days\": 1}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "{\"temp_c\": 21, \"sky\": \"clear\"}"},
+        {"role": "user", "content": "Thanks. And which colours does a rainbow have?"}]});
+    request(addr, port, "/v1/chat/completions", &history);
+    let completion = json!({"model": format!("{tag}-completion"), "stream": true,
+        "prompt": "Once upon a time, in a land of seven colours,"});
+    request(addr, port, "/v1/completions", &completion);
+    let short = json!({"model": format!("{tag}-short"), "stream": true, "max_tokens": 7,
+        "prompt": "List the colours:"});
+    request(addr, port, "/v1/completions", &short);
+    // With usage: the engine's counts stand; the tokenizer is checked
+    // against them (--tokenize-check-ratio 1).
+    let usage = json!({"model": format!("{tag}-usage"), "stream": true,
+        "stream_options": {"include_usage": true}, "messages": [
+        {"role": "user", "content": "Say something about rainbows."}]});
+    request(addr, port, "/v1/chat/completions", &usage);
+}
+
+struct Engine {
+    _running: tokentap_tests::Running,
+    _out: mpsc::Receiver<String>,
+}
+
+/// Starts the engine in `ns` (its own mount namespace: `mnt` gets a tmpfs
+/// holding the model directory, only there) serving `model`.
+fn start_engine(
+    ns: &Netns,
+    port: u16,
+    vllm: &Path,
+    counts: &Path,
+    setup: &str,
+    model: &str,
+    env: &[(&str, &str)],
+) -> Engine {
+    let script = format!(
+        "set -e; {setup}; exec {} serve {model} --host {} --port {port} --counts {} --tokens-per-chunk 3",
+        vllm.display(),
+        ns.ns_addr,
+        counts.display()
+    );
+    let mut cmd = ns.command("unshare");
+    cmd.args(["-m", "--propagation", "private", "sh", "-c", &script])
+        .envs(env.iter().copied());
+    tokentap_tests::peers::die_with_parent(&mut cmd);
+    let (running, out) = start(&mut cmd, "listening", "the vLLM-like engine");
+    Engine {
+        _running: running,
+        _out: out,
+    }
+}
+
+/// Each record of `tag` against the engine's own counts.
+fn check(records: &[Value], counts: &[Value], tag: &str) {
+    let rec = |name: &str| -> &Value {
+        let m = format!("{tag}-{name}");
+        records
+            .iter()
+            .find(|r| r["request_model"] == m.as_str())
+            .unwrap_or_else(|| panic!("no record of {m}: {records:#?}"))
+    };
+    let truth = |name: &str| -> &Value {
+        let m = format!("{tag}-{name}");
+        counts
+            .iter()
+            .find(|c| c["model"] == m.as_str())
+            .unwrap_or_else(|| panic!("the engine did not count {m}"))
+    };
+    for name in ["chat", "history", "completion", "short"] {
+        let (r, t) = (rec(name), truth(name));
+        assert_eq!(
+            (&r["input_tokens"], &r["output_tokens"]),
+            (&t["prompt_tokens"], &t["completion_tokens"]),
+            "{tag}-{name}: record {r} vs the engine's {t}"
+        );
+        assert_eq!(r["tokens_source"], "tokenizer", "{r}");
+        assert_eq!(r["tokens_exact"], true, "{r}");
+        assert!(
+            r["chunks"].as_u64().unwrap() < r["output_tokens"].as_u64().unwrap(),
+            "several tokens per chunk: {r}"
+        );
+    }
+    let (r, t) = (rec("tool"), truth("tool"));
+    assert_eq!(
+        r["input_tokens"], t["prompt_tokens"],
+        "{tag}-tool: {r} vs {t}"
+    );
+    assert_eq!(
+        r["tokens_source"],
+        json!({"input": "tokenizer", "output": "estimate"}),
+        "{r}"
+    );
+    let (r, t) = (rec("usage"), truth("usage"));
+    assert_eq!(
+        (&r["input_tokens"], &r["output_tokens"]),
+        (&t["prompt_tokens"], &t["completion_tokens"]),
+        "{r} vs {t}"
+    );
+    assert_eq!(r["tokens_source"], "usage", "{r}");
+}
+
+#[test]
+#[ignore = "needs root and the real peers (cargo xtask test installs them and runs it as root)"]
+fn requests_without_usage_are_counted_with_the_engines_own_tokenizer() {
+    const TEST: &str = "tokens";
+    assert_root(TEST);
+    let peers = Peers::installed(TEST);
+    let dir = scratch_dir(TEST);
+    let log = dir.join("requests.jsonl");
+    let counts = dir.join("engine-counts.jsonl");
+    let src = dir.join("model-src");
+    model_files(&peers, &src);
+    // The engine's program, named as vLLM's.
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let vllm = bin.join("vllm");
+    let py = peers.dir.join(".venv-tok/bin/python");
+    let code = std::fs::read_to_string(peers.dir.join("hf_engine.py")).unwrap();
+    std::fs::write(&vllm, format!("#!{}\n{code}", py.display())).unwrap();
+    Command::new("chmod").arg("+x").arg(&vllm).status().unwrap();
+    // The mount point: empty on the host, the model inside the engine's
+    // mount namespace only.
+    let mnt: PathBuf = dir.join("mnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+
+    let port = free_port();
+    let (mut agent, out) = RunAgent::new()
+        .port(port)
+        .no_gpu()
+        .requests_log(&log)
+        .args(["--tokenize-check-ratio", "1"])
+        .start();
+    let mut said = Vec::new();
+    let ns = Netns::create("tkz", 91);
+
+    // Phase 1: a model directory.
+    let setup = format!(
+        "mount -t tmpfs tmpfs {m}; mkdir {m}/tiny-chat; cp {s}/* {m}/tiny-chat/",
+        m = mnt.display(),
+        s = src.display()
+    );
+    let model = format!("{}/tiny-chat", mnt.display());
+    let engine = start_engine(&ns, port, &vllm, &counts, &setup, &model, &[]);
+    assert!(
+        std::fs::read_dir(&mnt).unwrap().next().is_none(),
+        "the model is visible only inside the engine's mount namespace"
+    );
+    wait_for(&out, "its tokenizer loaded from", &mut said);
+    // The decoder keeps text for it from the next tick.
+    std::thread::sleep(Duration::from_millis(1500));
+    requests(&ns.ns_addr, port, "dir");
+    drop(engine);
+
+    // Phase 2: the same engine restarted, the model a hub id resolved
+    // through an HF cache directory.
+    let cache = dir.join("hf-cache");
+    let repo = cache.join("models--tokentap--tiny-chat");
+    let hash = "0123456789abcdef0123456789abcdef01234567";
+    let snap = repo.join("snapshots").join(hash);
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::create_dir_all(repo.join("blobs")).unwrap();
+    std::fs::create_dir_all(&snap).unwrap();
+    std::fs::write(repo.join("refs/main"), hash).unwrap();
+    for (i, f) in ["tokenizer.json", "tokenizer_config.json", "config.json"]
+        .iter()
+        .enumerate()
+    {
+        let blob = repo.join("blobs").join(format!("blob{i}"));
+        std::fs::copy(src.join(f), &blob).unwrap();
+        std::os::unix::fs::symlink(format!("../../blobs/blob{i}"), snap.join(f)).unwrap();
+    }
+    let cache_s = cache.display().to_string();
+    let engine = start_engine(
+        &ns,
+        port,
+        &vllm,
+        &counts,
+        "true",
+        "tokentap/tiny-chat",
+        &[("HF_HUB_CACHE", cache_s.as_str())],
+    );
+    wait_for(&out, "snapshots/", &mut said);
+    std::thread::sleep(Duration::from_millis(1500));
+    requests(&ns.ns_addr, port, "hub");
+    std::thread::sleep(Duration::from_millis(500));
+    let (ok, lines) = interrupt(&mut agent, out);
+    drop(engine);
+    said.extend(lines);
+    assert!(ok, "tokentap run failed: {said:#?}");
+    assert!(
+        !said.iter().any(|l| l.contains("first disagreement")),
+        "the sampled check disagreed with the engine: {said:#?}"
+    );
+
+    let records = read_jsonl(&log);
+    let counts = read_jsonl(&counts);
+    check(&records, &counts, "dir");
+    check(&records, &counts, "hub");
+}
