@@ -238,3 +238,34 @@ fn chat_templates_render_as_transformers_renders_them() {
         "known divergences past 3% of the identical renders: {known:?}"
     );
 }
+
+#[test]
+#[ignore = "needs the real peers (cargo xtask test installs them as root and runs it)"]
+fn a_conversations_repeated_prefix_is_counted_once_and_exactly() {
+    let peers = tokentap_tests::peers::Peers::installed("prefix cache");
+    let files = HfFiles {
+        tokenizer_json: std::fs::read(peers.dir.join(".tokenizers/tok/llama2/tokenizer.json"))
+            .unwrap(),
+        config: None,
+        template: None,
+    };
+    let tok = Tokenizer::from_hf(&files).unwrap();
+    let mut prompt = String::from("<s>[system] You are a careful assistant. ");
+    prompt.push_str(&"Answer with facts, cite sources, and keep it short. ".repeat(20));
+    prompt.push_str("</s>");
+    for turn in 0..40 {
+        prompt.push_str(&format!(
+            "<s>[user] Question {turn}: what is {turn} × 7, and why — in plain words?</s><s>[assistant] {turn} × 7 is {}, because seven groups of {turn} make it.</s>",
+            turn * 7
+        ));
+        assert_eq!(
+            tok.prompt_len(&prompt).unwrap(),
+            tok.encode_len(&prompt, false).unwrap(),
+            "turn {turn}"
+        );
+    }
+    let st = tok.prefix_stats();
+    assert!(!st.off, "{st:?}");
+    assert!(st.hits > st.misses * 10, "the history is reused: {st:?}");
+    assert!(st.verified >= 8, "{st:?}");
+}

@@ -96,6 +96,73 @@ pub struct Tokenizer {
     /// The template iterates over a message's content parts (else parts
     /// are joined into one string first, as vLLM does for such templates).
     parts_content: bool,
+    /// A chat's repeated prefix (system prompt, history) counted once.
+    prefix: Option<PrefixCache>,
+}
+
+/// Counts of the pieces of rendered chats between special tokens, by
+/// hash: turn N+1 of a conversation repeats turn N's pieces, which are not
+/// encoded again. Exact where the tokenizer encodes a text as the
+/// concatenation of its pieces between special tokens (Hugging Face
+/// tokenizers split on special tokens before anything else) — which
+/// [`PrefixCache::VERIFY_FIRST`] requests, then one in
+/// [`PrefixCache::VERIFY_EVERY`], check against a whole encoding; one
+/// difference turns the cache off for that tokenizer.
+struct PrefixCache {
+    specials: aho_corasick::AhoCorasick,
+    state: std::sync::Mutex<PrefixState>,
+}
+
+#[derive(Default)]
+struct PrefixState {
+    counts: std::collections::HashMap<(u64, usize), u64>,
+    requests: u64,
+    verified: u64,
+    off: bool,
+    /// Pieces found in the cache, and encoded.
+    hits: u64,
+    misses: u64,
+}
+
+impl PrefixCache {
+    /// Pieces kept at most (then the cache starts over).
+    const MAX_ENTRIES: usize = 8192;
+    /// Pieces shorter than this are encoded each time.
+    const MIN_BYTES: usize = 64;
+    const VERIFY_FIRST: u64 = 8;
+    const VERIFY_EVERY: u64 = 64;
+
+    /// A cache over `hf`'s special tokens, when splitting at them is how
+    /// it encodes (none strips whitespace around itself or must stand as
+    /// a word).
+    fn new(hf: &tokenizers::Tokenizer) -> Option<Self> {
+        let added = hf.get_added_tokens_decoder();
+        let specials: Vec<&tokenizers::AddedToken> = added.values().filter(|t| t.special).collect();
+        if specials.is_empty()
+            || specials
+                .iter()
+                .any(|t| t.lstrip || t.rstrip || t.single_word || t.content.is_empty())
+        {
+            return None;
+        }
+        let specials = aho_corasick::AhoCorasick::builder()
+            .match_kind(aho_corasick::MatchKind::LeftmostLongest)
+            .build(specials.iter().map(|t| t.content.as_str()))
+            .ok()?;
+        Some(Self {
+            specials,
+            state: Default::default(),
+        })
+    }
+}
+
+/// What the prefix cache did since the start (the benchmark's view).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PrefixStats {
+    pub hits: u64,
+    pub misses: u64,
+    pub verified: u64,
+    pub off: bool,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -175,6 +242,7 @@ impl Tokenizer {
                 .map_err(|e| format!("chat template: {e}"))
         };
         Ok(Self {
+            prefix: PrefixCache::new(&hf),
             hf,
             chat: compile(default)?,
             tool_chat: compile(tool_use)?,
@@ -197,6 +265,109 @@ impl Tokenizer {
             .encode_fast(text, add_special)
             .map(|e| e.get_ids().to_vec())
             .map_err(|_| Failure::Encode)
+    }
+
+    /// Turns the prefix cache off (`false`) or back on (the benchmark
+    /// compares the two).
+    pub fn set_prefix_cache(&mut self, on: bool) {
+        if on {
+            self.prefix = PrefixCache::new(&self.hf);
+        } else {
+            self.prefix = None;
+        }
+    }
+
+    /// What the prefix cache did.
+    pub fn prefix_stats(&self) -> PrefixStats {
+        match &self.prefix {
+            Some(p) => {
+                let s = p.state.lock().unwrap_or_else(|e| e.into_inner());
+                PrefixStats {
+                    hits: s.hits,
+                    misses: s.misses,
+                    verified: s.verified,
+                    off: s.off,
+                }
+            }
+            None => PrefixStats {
+                off: true,
+                ..Default::default()
+            },
+        }
+    }
+
+    /// Tokens of a rendered chat prompt (no added specials): through the
+    /// prefix cache where it is on.
+    pub fn prompt_len(&self, prompt: &str) -> Result<u64, Failure> {
+        let Some(p) = &self.prefix else {
+            return self.encode_len(prompt, false);
+        };
+        let verify = {
+            let mut st = p.state.lock().unwrap_or_else(|e| e.into_inner());
+            if st.off {
+                drop(st);
+                return self.encode_len(prompt, false);
+            }
+            st.requests += 1;
+            st.requests <= PrefixCache::VERIFY_FIRST || st.requests % PrefixCache::VERIFY_EVERY == 0
+        };
+        let mut n = 0u64;
+        let mut at = 0;
+        let piece = |text: &str, n: &mut u64| -> Result<(), Failure> {
+            if text.is_empty() {
+                return Ok(());
+            }
+            if text.len() < PrefixCache::MIN_BYTES {
+                *n += self.encode_len(text, false)?;
+                return Ok(());
+            }
+            use std::hash::Hasher;
+            // Fixed keys: the same text hashes alike in every call.
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            h.write(text.as_bytes());
+            let key = (h.finish(), text.len());
+            let cached = {
+                let mut st = p.state.lock().unwrap_or_else(|e| e.into_inner());
+                let c = st.counts.get(&key).copied();
+                if c.is_some() {
+                    st.hits += 1;
+                }
+                c
+            };
+            let c = match cached {
+                Some(c) => c,
+                None => {
+                    let c = self.encode_len(text, false)?;
+                    let mut st = p.state.lock().unwrap_or_else(|e| e.into_inner());
+                    st.misses += 1;
+                    if st.counts.len() >= PrefixCache::MAX_ENTRIES {
+                        st.counts.clear();
+                    }
+                    st.counts.insert(key, c);
+                    c
+                }
+            };
+            *n += c;
+            Ok(())
+        };
+        for m in p.specials.find_iter(prompt) {
+            piece(&prompt[at..m.start()], &mut n)?;
+            n += 1;
+            at = m.end();
+        }
+        piece(&prompt[at..], &mut n)?;
+        if verify {
+            let whole = self.encode_len(prompt, false)?;
+            let mut st = p.state.lock().unwrap_or_else(|e| e.into_inner());
+            if whole == n {
+                st.verified += 1;
+            } else {
+                st.off = true;
+                st.counts.clear();
+                return Ok(whole);
+            }
+        }
+        Ok(n)
     }
 
     /// Whether a chat template is known.
@@ -268,7 +439,11 @@ impl Tokenizer {
                 // vLLM, SGLang and TGI encode the rendered prompt without
                 // the tokenizer's specials: the template wrote them.
                 let _ = engine;
-                self.encode_len(&prompt, add_special(false))
+                if add_special(false) {
+                    self.encode_len(&prompt, true)
+                } else {
+                    self.prompt_len(&prompt)
+                }
             }
             Operation::TextCompletion => self.prompts(body.get("prompt"), add_special(true)),
             Operation::Embeddings => self.prompts(body.get("input"), add_special(true)),
