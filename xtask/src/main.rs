@@ -133,7 +133,7 @@ enum Cmd {
     },
     /// Run benchmarks and print one table (also written to
     /// target/bench-WHICH.md): `all` (default), `decode`, `capture`,
-    /// `conns`, `hostile`, `engine`, `tls`, `traces`.
+    /// `conns`, `hostile`, `engine`, `tls`, `traces`, `tokens`.
     Bench {
         /// all; decode (decoder throughput); capture (kernel capture
         /// overhead on a write-heavy SSE server, drops, agent CPU/RSS;
@@ -145,7 +145,10 @@ enum Cmd {
         /// HTTPS SSE writer on OpenSSL: cost per SSL_write traced vs not,
         /// max rate, cost to a process the agent does not target; root,
         /// installs the peers); traces (agent CPU per 1k requests with a
-        /// span each vs none; root, installs the peers); soak (not in
+        /// span each vs none; root, installs the peers); tokens (the
+        /// engine's tokenizer: tokens/s per core, CPU per 1,000 chats with
+        /// 2k- and 32k-token prompts with and without the prefix cache,
+        /// the CPU budget at 10× its rate; installs the peers); soak (not in
         /// all: `--secs 300` or more of chats from thousands of end users
         /// and API keys: events log ceiling, named callers, the agent's RSS
         /// curve; root).
