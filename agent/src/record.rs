@@ -223,9 +223,12 @@ pub struct KeptText {
     /// Seconds from the first content write to the last (TPOT's span).
     pub content_span_s: Option<f64>,
     /// The output called a tool: the wire carries the call's name and
-    /// arguments, not the model's own markup around them, so its count
-    /// would fall short.
+    /// arguments, not the model's own markup around them (which the
+    /// tokenizer stage has the chat template write back).
     pub tool_calls: bool,
+    /// The first choice's tool calls as streamed: (name, arguments), by
+    /// the call's index; empty when another choice called one.
+    pub calls: Vec<(String, String)>,
 }
 
 impl KeptText {
@@ -239,6 +242,11 @@ impl KeptText {
     pub fn held(&self) -> usize {
         self.body.as_ref().map_or(0, Vec::capacity)
             + self.outputs.iter().map(String::capacity).sum::<usize>()
+            + self
+                .calls
+                .iter()
+                .map(|(n, a)| n.capacity() + a.capacity())
+                .sum::<usize>()
     }
 
     /// Appends generated `text` of choice `index`, within the bounds.
@@ -258,11 +266,49 @@ impl KeptText {
         self.outputs[index].push_str(text);
     }
 
+    /// A tool call's piece (`index` of the calls of `choice`): its name
+    /// when given, an arguments fragment to append.
+    pub fn push_call(
+        &mut self,
+        choice: usize,
+        index: usize,
+        name: Option<&str>,
+        args: Option<&str>,
+    ) {
+        if self.output_lost {
+            return;
+        }
+        self.tool_calls = true;
+        let total: usize = self
+            .calls
+            .iter()
+            .map(|(n, a)| n.len() + a.len())
+            .sum::<usize>()
+            + name.map_or(0, str::len)
+            + args.map_or(0, str::len);
+        if choice != 0 || index >= Self::MAX_CHOICES || total > Self::MAX_BYTES {
+            self.output_lost = true;
+            self.calls = Vec::new();
+            return;
+        }
+        if self.calls.len() <= index {
+            self.calls.resize(index + 1, Default::default());
+        }
+        let c = &mut self.calls[index];
+        if let Some(n) = name {
+            c.0.push_str(n);
+        }
+        if let Some(a) = args {
+            c.1.push_str(a);
+        }
+    }
+
     /// The memory budget took it back. Whether anything was held.
     pub fn shed(&mut self) -> bool {
         let held = self.held() > 0;
         self.body = None;
         self.outputs = Vec::new();
+        self.calls = Vec::new();
         self.output_lost = true;
         held
     }

@@ -145,20 +145,27 @@ impl TokensStage {
             outputs,
             output_lost,
             tool_calls,
+            calls,
             ..
         } = (*text).clone();
-        let body = want_input.then_some(body).flatten();
-        let output = (want_output && !output_lost && !tool_calls).then_some(outputs);
-        if want_input && body.is_none() {
+        // A tool-calling answer is counted through the chat template,
+        // which needs the request body.
+        let calls =
+            (want_output && tool_calls && !output_lost && !calls.is_empty()).then_some(calls);
+        let output =
+            (want_output && !output_lost && (!tool_calls || calls.is_some())).then_some(outputs);
+        let body = (want_input || calls.is_some()).then_some(body).flatten();
+        let want_body = want_input && body.is_some();
+        let want_out = output.is_some() && (calls.is_none() || body.is_some());
+        if want_input && !want_body {
             self.failed("text_lost");
         }
-        if want_output && output.is_none() {
-            self.failed(if tool_calls { "tool_call" } else { "text_lost" });
+        if want_output && !want_out {
+            self.failed("text_lost");
         }
-        if body.is_none() && output.is_none() {
+        if !want_body && !want_out {
             return Some(f);
         }
-        let (want_body, want_out) = (body.is_some(), output.is_some());
         self.next_id += 1;
         let id = self.next_id;
         let job = Job {
@@ -170,7 +177,9 @@ impl TokensStage {
                 .and_then(crate::engines::Engine::from_name),
             op,
             body,
-            output,
+            count_input: want_body,
+            calls: calls.filter(|_| want_out),
+            output: output.filter(|_| want_out),
             finish_reason: r.finish_reason.clone(),
         };
         f.text = Some(text);

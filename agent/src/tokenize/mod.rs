@@ -15,6 +15,7 @@
 //! rules. Must not: read files (`identity::tokenizer` finds and reads
 //! them), run on the pipeline's thread, or keep any text it was given.
 
+pub mod gguf;
 pub mod template;
 pub mod worker;
 
@@ -53,6 +54,9 @@ pub enum Failure {
     Encode,
     /// An operation this counts nothing for (Responses API).
     Operation,
+    /// An answer that called tools whose markup the chat template does
+    /// not write back (the conversation without it is not a prefix).
+    ToolCall,
 }
 
 impl Failure {
@@ -63,6 +67,7 @@ impl Failure {
             Failure::Template => "template",
             Failure::Encode => "encode",
             Failure::Operation => "operation",
+            Failure::ToolCall => "tool_call",
         }
     }
 }
@@ -98,6 +103,8 @@ pub struct Tokenizer {
     parts_content: bool,
     /// A chat's repeated prefix (system prompt, history) counted once.
     prefix: Option<PrefixCache>,
+    /// The end-of-sequence token's text (`eos_token`).
+    eos: Option<String>,
 }
 
 /// Counts of the pieces of rendered chats between special tokens, by
@@ -243,6 +250,7 @@ impl Tokenizer {
         };
         Ok(Self {
             prefix: PrefixCache::new(&hf),
+            eos: specials.get("eos_token").cloned(),
             hf,
             chat: compile(default)?,
             tool_chat: compile(tool_use)?,
@@ -378,6 +386,12 @@ impl Tokenizer {
     /// The prompt a chat request renders to (the engine's
     /// `apply_chat_template(tokenize=False)`).
     pub fn render_chat(&self, body: &Json) -> Result<String, Failure> {
+        self.render_turn(body, None)
+    }
+
+    /// The conversation rendered, with `answer` (an assistant message)
+    /// appended and no generation prompt when given.
+    fn render_turn(&self, body: &Json, answer: Option<Json>) -> Result<String, Failure> {
         let messages = match body.get("messages") {
             Some(Json::Array(m)) => m,
             _ => return Err(Failure::Body),
@@ -389,12 +403,17 @@ impl Tokenizer {
             (Some(_), Some(t)) => t,
             _ => self.chat.as_ref().ok_or(Failure::NoTemplate)?,
         };
-        let messages: Vec<Json> = messages
+        let mut messages: Vec<Json> = messages
             .iter()
             .map(|m| chat_message(m, self.parts_content))
             .collect();
         let flag = |k: &str, default: bool| body.get(k).and_then(Json::as_bool).unwrap_or(default);
-        let continue_final = flag("continue_final_message", false);
+        let mut continue_final = flag("continue_final_message", false);
+        let mut generation = flag("add_generation_prompt", !continue_final);
+        if let Some(a) = answer {
+            messages.push(chat_message(&a, self.parts_content));
+            (continue_final, generation) = (false, false);
+        }
         let mut vars: Vec<(String, minijinja::Value)> = vec![
             ("messages".into(), Json::Array(messages).to_value()),
             (
@@ -404,7 +423,7 @@ impl Tokenizer {
             ("documents".into(), minijinja::Value::from(())),
             (
                 "add_generation_prompt".into(),
-                minijinja::Value::from(flag("add_generation_prompt", !continue_final)),
+                minijinja::Value::from(generation),
             ),
             (
                 "continue_final_message".into(),
@@ -477,6 +496,62 @@ impl Tokenizer {
             }
             _ => Err(Failure::Body),
         }
+    }
+
+    /// Output tokens of an answer that called tools, as `engine` counts
+    /// them: the model wrote its calls in its own markup, which the wire
+    /// does not carry but its chat template does — the conversation
+    /// rendered with the answer (`content`, the `calls` as (name,
+    /// arguments)) appended, less the conversation rendered with the
+    /// generation prompt, up to the end-of-sequence token the template
+    /// closes the turn with (counted, as the engine counts it).
+    pub fn tool_call_output_tokens(
+        &self,
+        body: &[u8],
+        content: &str,
+        calls: &[(String, String)],
+    ) -> Result<u64, Failure> {
+        let body: Json = serde_json::from_slice(body).map_err(|_| Failure::Body)?;
+        let calls: Vec<Json> = calls
+            .iter()
+            .enumerate()
+            .map(|(i, (name, args))| {
+                Json::Object(vec![
+                    ("id".into(), Json::Str(format!("call_{i}"))),
+                    ("type".into(), Json::Str("function".into())),
+                    (
+                        "function".into(),
+                        Json::Object(vec![
+                            ("name".into(), Json::Str(name.clone())),
+                            ("arguments".into(), Json::Str(args.clone())),
+                        ]),
+                    ),
+                ])
+            })
+            .collect();
+        let answer = Json::Object(vec![
+            ("role".into(), Json::Str("assistant".into())),
+            (
+                "content".into(),
+                if content.is_empty() {
+                    Json::Null
+                } else {
+                    Json::Str(content.to_string())
+                },
+            ),
+            ("tool_calls".into(), Json::Array(calls)),
+        ]);
+        let before = self.render_turn(&body, None)?;
+        let after = self.render_turn(&body, Some(answer))?;
+        let Some(turn) = after.strip_prefix(before.as_str()) else {
+            return Err(Failure::ToolCall);
+        };
+        let eos = self.eos.as_deref().filter(|e| !e.is_empty());
+        let (text, eos) = match eos.and_then(|e| turn.rfind(e)) {
+            Some(at) => (&turn[..at], 1),
+            None => (turn, 0),
+        };
+        Ok(self.encode_len(text, false)? + eos)
     }
 
     /// Output tokens of generated `text` as `engine` counts them: the

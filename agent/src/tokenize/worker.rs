@@ -34,8 +34,14 @@ pub struct Job {
     pub tokenizer: Arc<Tokenizer>,
     pub engine: Option<Engine>,
     pub op: Operation,
-    /// The request body, when its input is to be counted.
+    /// The request body (for its input, or a tool-calling answer's
+    /// markup).
     pub body: Option<Vec<u8>>,
+    /// Count the input.
+    pub count_input: bool,
+    /// The answer's tool calls (name, arguments): the output is counted
+    /// through the chat template (`Tokenizer::tool_call_output_tokens`).
+    pub calls: Option<Vec<(String, String)>>,
     /// The generated text per choice, when the output is to be counted
     /// (the count is their sum).
     pub output: Option<Vec<String>>,
@@ -46,6 +52,12 @@ impl Job {
     fn bytes(&self) -> usize {
         self.body.as_ref().map_or(0, Vec::len)
             + self.output.iter().flatten().map(String::len).sum::<usize>()
+            + self
+                .calls
+                .iter()
+                .flatten()
+                .map(|(n, a)| n.len() + a.len())
+                .sum::<usize>()
     }
 }
 
@@ -187,12 +199,20 @@ pub fn run(job: &Job) -> Done {
     let input = job
         .body
         .as_ref()
+        .filter(|_| job.count_input)
         .map(|b| t.input_tokens(job.engine, job.op, b));
-    let output = job.output.as_ref().map(|choices| {
-        choices.iter().try_fold(0u64, |n, o| {
-            Ok(n + t.output_tokens(job.engine, o, job.finish_reason.as_deref())?)
-        })
-    });
+    let output = match (&job.calls, &job.body) {
+        (Some(calls), Some(body)) => {
+            let content = job.output.as_ref().and_then(|o| o.first());
+            Some(t.tool_call_output_tokens(body, content.map_or("", String::as_str), calls))
+        }
+        (Some(_), None) => Some(Err(Failure::Body)),
+        _ => job.output.as_ref().map(|choices| {
+            choices.iter().try_fold(0u64, |n, o| {
+                Ok(n + t.output_tokens(job.engine, o, job.finish_reason.as_deref())?)
+            })
+        }),
+    };
     Done {
         id: job.id,
         input,

@@ -100,6 +100,8 @@ fn job(tok: &Arc<Tokenizer>, body: Vec<u8>, id: u64) -> Job {
         engine: Some(tokentap::engines::Engine::Vllm),
         op: Operation::Chat,
         body: Some(body),
+        count_input: true,
+        calls: None,
         output: Some(vec![TEXT.to_string()]),
         finish_reason: Some("stop".into()),
     }

@@ -758,8 +758,9 @@ fn common<'a>(
 /// `None` when the bytes are not a JSON object of that family's shape.
 /// The generated text a response event or whole body (`json`) of
 /// `format` carries, appended to `kept` per choice: OpenAI chat's
-/// `content`, `reasoning_content`/`reasoning` and tool calls' `name` and
-/// `arguments` (in `delta` or `message`), completions' `text`, TGI's
+/// `content` and `reasoning_content`/`reasoning`, and the first choice's
+/// tool calls' `name` and `arguments` by call index (in `delta` or
+/// `message`), completions' `text`, TGI's
 /// `token.text` (not special tokens) or `generated_text`. Other formats
 /// carry engine counts, or are not tokenized here.
 pub fn generated_text(format: Format, json: &[u8], kept: &mut crate::record::KeptText) {
@@ -793,11 +794,13 @@ pub fn generated_text(format: Format, json: &[u8], kept: &mut crate::record::Kep
                         .into_iter()
                         .flatten()
                     {
-                        kept.tool_calls = true;
-                        if let Some(f) = call.get("function") {
-                            push(kept, i, f.get("name"));
-                            push(kept, i, f.get("arguments"));
-                        }
+                        let f = call.get("function");
+                        let field = |k: &str| f.and_then(|f| f.get(k)).and_then(Value::as_str);
+                        let index = call
+                            .get("index")
+                            .and_then(Value::as_u64)
+                            .map_or(0, |x| x.min(usize::MAX as u64) as usize);
+                        kept.push_call(i, index, field("name"), field("arguments"));
                     }
                 }
             }
