@@ -2029,4 +2029,96 @@ mod tests {
         assert_eq!(out[0].record.status, Some(204));
         assert_eq!(d.stats.http2, 1);
     }
+
+    fn sse_chat_exchange(d: &mut Decoder, out: &mut Vec<Finished>, body: &str) {
+        d.on_event(&open(Role::Server), out);
+        let head = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        d.on_event(&data(0, Dir::In, head.as_bytes()), out);
+        // The body in two reads: kept whole across them.
+        let (a, b) = body.split_at(body.len() / 2);
+        d.on_event(&data(1, Dir::In, a.as_bytes()), out);
+        d.on_event(&data(1, Dir::In, b.as_bytes()), out);
+        d.on_event(
+            &data(
+                5,
+                Dir::Out,
+                b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n",
+            ),
+            out,
+        );
+        let events = [
+            r#"{"choices":[{"index":0,"delta":{"role":"assistant","reasoning_content":"Hmm. "}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"content":"Red, "}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"content":"green."}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"name":"f","arguments":"{\"a\""}}]}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":": 1}"}}]}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}"#,
+        ];
+        for (i, e) in events.iter().enumerate() {
+            let ev = format!("data: {e}\n\n");
+            let chunk = format!("{:x}\r\n{ev}\r\n", ev.len());
+            d.on_event(&data(10 + i as u64, Dir::Out, chunk.as_bytes()), out);
+        }
+        let done = "data: [DONE]\n\n";
+        let chunk = format!("{:x}\r\n{done}\r\n0\r\n\r\n", done.len());
+        d.on_event(&data(20, Dir::Out, chunk.as_bytes()), out);
+        d.on_event(&close(30), out);
+    }
+
+    /// For a process with a tokenizer the request body and the generated
+    /// text (content, reasoning, tool calls by index) come with the
+    /// record; for any other process nothing is kept.
+    #[test]
+    fn text_is_kept_only_for_processes_with_a_tokenizer() {
+        let body =
+            r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"colours?"}]}"#;
+        let mut d = Decoder::new();
+        let mut out = Vec::new();
+        sse_chat_exchange(&mut d, &mut out, body);
+        assert_eq!(out.len(), 1);
+        assert!(out[0].text.is_none());
+
+        let mut d = Decoder::new();
+        d.set_text_pids([7].into_iter().collect());
+        let mut out = Vec::new();
+        sse_chat_exchange(&mut d, &mut out, body);
+        let t = out[0].text.as_ref().expect("kept text");
+        assert_eq!(t.body.as_deref(), Some(body.as_bytes()));
+        assert_eq!(t.outputs, vec!["Hmm. Red, green.".to_string()]);
+        assert_eq!(t.calls, vec![("f".to_string(), r#"{"a": 1}"#.to_string())]);
+        assert!(t.tool_calls && !t.output_lost);
+        assert!(t.content_span_s.unwrap() > 0.0);
+    }
+
+    /// Over the memory budget, kept text goes first (counted as
+    /// `tokenize_text`); the record itself stays whole.
+    #[test]
+    fn kept_text_is_shed_first() {
+        let mut d = Decoder::new().with_max_memory(512 << 10);
+        d.set_text_pids([7].into_iter().collect());
+        let mut out = Vec::new();
+        let big = format!(
+            r#"{{"model":"m","stream":true,"messages":[{{"role":"user","content":"{}"}}]}}"#,
+            "x".repeat(950_000)
+        );
+        sse_chat_exchange(&mut d, &mut out, &big);
+        assert_eq!(out.len(), 1);
+        let t = out[0].text.as_ref().expect("text");
+        assert!(t.body.is_none(), "shed");
+        assert!(
+            d.stats
+                .shed
+                .get(&crate::vocab::ShedReason::TokenizeText)
+                .copied()
+                .unwrap_or(0)
+                >= 1,
+            "{:?}",
+            d.stats.shed
+        );
+        assert_eq!(out[0].record.status, Some(200));
+        assert!(out[0].record.ttft_s.is_some());
+    }
 }

@@ -230,8 +230,11 @@ pub enum Reading {
     /// One value per `reason` attribute.
     ByReason(fn(&Health) -> Vec<(&'static str, u64)>),
     /// Values with attributes of their own (key, value).
-    ByAttrs(fn(&Health) -> Vec<(Vec<(&'static str, String)>, u64)>),
+    ByAttrs(fn(&Health) -> Attributed),
 }
+
+/// Values, each with its attributes (key, value).
+pub type Attributed = Vec<(Vec<(&'static str, String)>, u64)>;
 
 /// One of the agent's own instruments: the OTLP sink registers each on its
 /// meter. Adding a health counter: its field in [`Health`], where it is
@@ -278,10 +281,7 @@ fn tokens(h: &Health) -> TokenCounts {
     h.tokens.lock().unwrap_or_else(|p| p.into_inner()).clone()
 }
 
-fn by(
-    key: &'static str,
-    m: std::collections::BTreeMap<&'static str, u64>,
-) -> Vec<(Vec<(&'static str, String)>, u64)> {
+fn by(key: &'static str, m: std::collections::BTreeMap<&'static str, u64>) -> Attributed {
     m.into_iter()
         .map(|(v, n)| (vec![(key, v.to_string())], n))
         .collect()

@@ -392,20 +392,24 @@ fn pre_for(pre: &str) -> Result<Pre, String> {
         }
         "deepseek-llm" => {
             p.splits = vec![
-                regex("[\r\n]")?,
-                regex("\\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-ώᾀ-ᾴᾶ-ᾼιῂ-ῄῆ-ῌῐ-ΐῖ-Ίῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤΩℨK-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃]+")?,
-                regex("\\s?[!-/:-~！-／：-～‘-‟　-。]+")?,
-                regex("\\s+$")?,
-                regex("[一-龥ࠀ-一가-퟿]+")?,
+                regex(r"[\x{d}\x{a}]")?,
+                regex(
+                    r"\s?[A-Za-z\x{b5}\x{c0}-\x{d6}\x{d8}-\x{f6}\x{f8}-\x{1ba}\x{1bc}-\x{1bf}\x{1c4}-\x{293}\x{295}-\x{2af}\x{370}-\x{373}\x{376}\x{377}\x{37b}-\x{37d}\x{37f}\x{386}\x{388}-\x{38a}\x{38c}\x{38e}-\x{3a1}\x{3a3}-\x{3f5}\x{3f7}-\x{481}\x{48a}-\x{52f}\x{531}-\x{556}\x{10a0}-\x{10c5}\x{13a0}-\x{13f5}\x{13f8}-\x{13fd}\x{1c90}-\x{1cba}\x{1cbd}-\x{1cbf}\x{1d00}-\x{1d2b}\x{1d6b}-\x{1d77}\x{1d79}-\x{1d9a}\x{1e00}-\x{1f15}\x{1f18}-\x{1f1d}\x{1f20}-\x{1f45}\x{1f48}-\x{1f4d}\x{1f50}-\x{1f57}\x{1f59}\x{1f5b}\x{1f5d}\x{1f5f}-\x{1f7d}\x{1f80}-\x{1fb4}\x{1fb6}-\x{1fbc}\x{1fbe}\x{1fc2}-\x{1fc4}\x{1fc6}-\x{1fcc}\x{1fd0}-\x{1fd3}\x{1fd6}-\x{1fdb}\x{1fe0}-\x{1fec}\x{1ff2}-\x{1ff4}\x{1ff6}-\x{1ffc}\x{2102}\x{2107}\x{210a}-\x{2113}\x{2115}\x{2119}-\x{211d}\x{2124}\x{2126}\x{2128}\x{212a}-\x{212d}\x{212f}-\x{2134}\x{2139}\x{213c}-\x{213f}\x{2145}-\x{2149}\x{214e}\x{2183}\x{2184}\x{2c00}-\x{2c7b}\x{2c7e}-\x{2ce4}\x{2ceb}-\x{2cee}\x{2cf2}\x{2cf3}\x{a640}-\x{a66d}\x{a680}-\x{a69b}\x{a722}-\x{a76f}\x{a771}-\x{a787}\x{a78b}-\x{a78e}\x{ab70}-\x{abbf}\x{fb00}-\x{fb06}\x{fb13}-\x{fb17}\x{ff21}-\x{ff3a}\x{ff41}-\x{ff5a}\x{10400}-\x{1044f}\x{104b0}-\x{104d3}\x{104d8}-\x{104fb}\x{10c80}-\x{10cb2}\x{10cc0}-\x{10cf2}\x{118a0}-\x{118df}\x{1e900}-\x{1e943}]+",
+                )?,
+                regex(
+                    r"\s?[!-/:-~\x{ff01}-\x{ff0f}\x{ff1a}-\x{ff5e}\x{2018}-\x{201f}\x{3000}-\x{3002}]+",
+                )?,
+                regex(r"\s+$")?,
+                regex(r"[\x{4e00}-\x{9fa5}\x{800}-\x{4e00}\x{ac00}-\x{d7ff}]+")?,
                 regex(r"\p{N}+")?,
             ];
         }
         "deepseek-coder" => {
             p.splits = vec![
-                regex("[\r\n]")?,
+                regex(r"[\x{d}\x{a}]")?,
                 regex(r"\s?\p{L}+")?,
                 regex(r"\s?\p{P}+")?,
-                regex("[一-龥ࠀ-一가-퟿]+")?,
+                regex(r"[\x{4e00}-\x{9fa5}\x{800}-\x{4e00}\x{ac00}-\x{d7ff}]+")?,
                 regex(r"\p{N}")?,
             ];
         }
@@ -731,6 +735,9 @@ const A_UNDEFINED: u16 = 0;
 const A_LSTRIP: u16 = 1 << 7;
 const A_RSTRIP: u16 = 1 << 8;
 
+/// A special id llama.cpp finds by the token's text, and the texts.
+type Detect<'a> = (&'a mut Option<u32>, &'a [&'a str]);
+
 enum Kind {
     Spm {
         add_space_prefix: bool,
@@ -977,7 +984,7 @@ impl GgufVocab {
         let mut sorted: Vec<(&[u8], u32)> = ids.iter().map(|(k, &v)| (&k[..], v)).collect();
         sorted.sort_unstable();
         let is = |t: &[u8], list: &[&str]| list.iter().any(|s| s.as_bytes() == t);
-        let detect: [(&mut Option<u32>, &[&str]); 8] = [
+        let mut detect: [Detect<'_>; 8] = [
             (
                 &mut eot,
                 &[
@@ -1050,7 +1057,6 @@ impl GgufVocab {
             ),
             (&mut fim_sep, &["<|file_sep|>"]),
         ];
-        let mut detect = detect;
         for &(t, id) in &sorted {
             for (slot, list) in detect.iter_mut() {
                 if slot.is_none() && is(t, list) {
@@ -1112,7 +1118,7 @@ impl GgufVocab {
         };
         if let Some(end) = find("<|end|>") {
             let call = has("<|call|>") || has("<|calls|>");
-            if (has("<|return|>") && call) || (call && has("<|flush|>")) {
+            if call && (has("<|return|>") || has("<|flush|>")) {
                 attrs[end as usize] = A_USER_DEFINED;
             }
         }
@@ -1291,10 +1297,7 @@ impl GgufVocab {
                     continue;
                 };
                 let mut matched = false;
-                loop {
-                    let Some(m) = find(&text[a..b], tok).map(|m| m + a) else {
-                        break;
-                    };
+                while let Some(m) = find(&text[a..b], tok).map(|m| m + a) {
                     matched = true;
                     let mut le = m;
                     if attr & A_LSTRIP != 0 {
@@ -1311,9 +1314,6 @@ impl GgufVocab {
                         while a < b && space(text[a]) {
                             a += 1;
                         }
-                    }
-                    if a >= b {
-                        break;
                     }
                 }
                 if !matched || a < b {

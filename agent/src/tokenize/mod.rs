@@ -642,3 +642,131 @@ fn parsed_arguments(call: &Json) -> Json {
             .collect(),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A word-level tokenizer (one token per whitespace-separated word or
+    /// punctuation run) with two special chat tokens.
+    fn tok(template: &str) -> Tokenizer {
+        let words = [
+            "[UNK]",
+            "user",
+            "assistant",
+            "system",
+            "hi",
+            "there",
+            "red",
+            "green",
+            "call",
+            "f",
+            "{",
+            "}",
+            "\"",
+            ":",
+            "a",
+            "1",
+            "<",
+            ">",
+            "/",
+        ];
+        let vocab: serde_json::Map<String, serde_json::Value> = words
+            .iter()
+            .enumerate()
+            .map(|(i, w)| (w.to_string(), serde_json::json!(i)))
+            .collect();
+        let n = words.len();
+        let tj = serde_json::json!({
+            "version": "1.0",
+            "added_tokens": [
+                {"id": n, "content": "<|im_start|>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true},
+                {"id": n + 1, "content": "<|im_end|>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}
+            ],
+            "normalizer": null,
+            "pre_tokenizer": {"type": "Whitespace"},
+            "post_processor": null,
+            "decoder": null,
+            "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"}
+        });
+        let config = serde_json::json!({"eos_token": "<|im_end|>", "chat_template": template});
+        Tokenizer::from_hf(&HfFiles {
+            tokenizer_json: tj.to_string().into_bytes(),
+            config: Some(config.to_string().into_bytes()),
+            template: None,
+        })
+        .unwrap()
+    }
+
+    const CHAT: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.content %}{{ m.content }}{% endif %}{% for c in m.tool_calls or [] %}<call>{{ c.function.name }} {{ c.function.arguments|tojson }}</call>{% endfor %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+
+    #[test]
+    fn a_chat_is_rendered_then_counted_without_added_specials() {
+        let t = tok(CHAT);
+        let body = br#"{"messages":[{"role":"system","content":"hi"},{"role":"user","content":"hi there"}]}"#;
+        // 5 specials + system hi user hi there assistant.
+        assert_eq!(t.input_tokens(None, Operation::Chat, body), Ok(11));
+        let no_gen =
+            br#"{"messages":[{"role":"user","content":"hi"}],"add_generation_prompt":false}"#;
+        assert_eq!(t.input_tokens(None, Operation::Chat, no_gen), Ok(4));
+        // Content parts are joined with a newline; token ids are counted
+        // as they are.
+        let parts = br#"{"messages":[{"role":"user","content":[{"type":"text","text":"hi"},{"type":"text","text":"there"}]}]}"#;
+        assert_eq!(t.input_tokens(None, Operation::Chat, parts), Ok(7));
+        assert_eq!(
+            t.input_tokens(None, Operation::TextCompletion, br#"{"prompt":[1,2,3]}"#),
+            Ok(3)
+        );
+        assert_eq!(
+            t.input_tokens(
+                None,
+                Operation::TextCompletion,
+                br#"{"prompt":["hi","red green"]}"#
+            ),
+            Ok(3)
+        );
+        assert_eq!(
+            t.input_tokens(None, Operation::Chat, b"{\"messages\": 3}"),
+            Err(Failure::Body)
+        );
+        assert_eq!(
+            t.input_tokens(None, Operation::Responses, b"{}"),
+            Err(Failure::Operation)
+        );
+    }
+
+    #[test]
+    fn the_output_counts_the_eos_an_engine_stopped_on() {
+        let t = tok(CHAT);
+        assert_eq!(
+            t.output_tokens(Some(Engine::Vllm), "red green", Some("stop")),
+            Ok(3)
+        );
+        assert_eq!(
+            t.output_tokens(Some(Engine::Vllm), "red green", Some("length")),
+            Ok(2)
+        );
+    }
+
+    /// The streamed call (name, arguments) written back by the template:
+    /// `<call>f {"a": 1}</call>` then the turn's end (the EOS, counted).
+    #[test]
+    fn a_tool_call_is_counted_in_the_templates_markup() {
+        let t = tok(CHAT);
+        let body = br#"{"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f"}}]}"#;
+        let calls = vec![("f".to_string(), r#"{"a": 1}"#.to_string())];
+        let markup = t.encode_len("<call>f {\"a\": 1}</call>", false).unwrap();
+        assert_eq!(t.tool_call_output_tokens(body, "", &calls), Ok(markup + 1));
+        assert_eq!(
+            t.tool_call_output_tokens(body, "red", &calls),
+            Ok(markup + 2),
+            "content before the call"
+        );
+        // A template that does not end the conversation as it began.
+        let odd = tok("{% if add_generation_prompt %}G{% endif %}{% for m in messages %}{{ m.role }}{% endfor %}");
+        assert_eq!(
+            odd.tool_call_output_tokens(body, "", &calls),
+            Err(Failure::ToolCall)
+        );
+    }
+}
