@@ -194,7 +194,7 @@ fn selects_container_test(args: &[String]) -> bool {
 fn selects_peer_tests(args: &[String]) -> bool {
     // Test binaries that drive the real peers (llama.cpp, the openai SDK,
     // tritonclient's gRPC server and client, Hypercorn, Debian's nginx).
-    const PEER_TESTS: [&str; 9] = [
+    const PEER_TESTS: [&str; 10] = [
         "fidelity",
         "enginemetrics",
         "grpc",
@@ -204,6 +204,7 @@ fn selects_peer_tests(args: &[String]) -> bool {
         "promptcache",
         "tokenizers",
         "tokens",
+        "gguf_vocab",
     ];
     args.is_empty()
         || args
