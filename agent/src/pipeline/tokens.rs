@@ -107,9 +107,13 @@ impl TokensStage {
     /// A finished LLM request: handed back at once (nothing to count), or
     /// kept until its counts come ([`TokensStage::poll`]).
     pub fn on_finished(&mut self, mut f: Finished, node: &NodeState) -> Option<Finished> {
-        let text = f.text.take()?;
+        let Some(text) = f.text.take() else {
+            return Some(f);
+        };
+        let Some(op) = f.record.operation else {
+            return Some(f);
+        };
         let r = &f.record;
-        let op = r.operation?;
         let estimated = |s: Option<TokenSource>| s.is_none_or(|s| s == TokenSource::Estimate);
         let src = r.tokens_source.unwrap_or(TokenSources {
             input: None,
@@ -351,6 +355,40 @@ pub fn set_counts(
 mod tests {
     use super::*;
     use crate::record::RequestRecord;
+
+    /// A record with no kept text (no tokenizer for its engine, or no
+    /// operation) goes on at once, whole.
+    #[test]
+    fn records_without_text_pass_through() {
+        let mut st = TokensStage::start(0.25, 1.0, Arc::new(Health::default())).unwrap();
+        let node = NodeState::default();
+        let f = Finished {
+            record: RequestRecord {
+                operation: Some(Operation::Chat),
+                ..Default::default()
+            },
+            seq: 1,
+            content_events: 0,
+            self_request: false,
+            chunk_gaps_s: vec![],
+            prompt_fp: None,
+            text: None,
+        };
+        assert_eq!(st.on_finished(f.clone(), &node), Some(f.clone()));
+        let no_op = Finished {
+            record: RequestRecord::default(),
+            text: Some(Box::default()),
+            ..f.clone()
+        };
+        let back = st.on_finished(no_op, &node).expect("passed through");
+        assert!(back.text.is_none());
+        // Text, but no tokenizer for its process: back at once.
+        let with_text = Finished {
+            text: Some(Box::default()),
+            ..f.clone()
+        };
+        assert!(st.on_finished(with_text, &node).is_some());
+    }
 
     #[test]
     fn the_tokenizers_counts_replace_the_estimate_and_tpot_follows() {
