@@ -150,8 +150,8 @@ impl TokensStage {
             output_lost,
             tool_calls,
             calls,
-            ..
-        } = (*text).clone();
+            content_span_s,
+        } = *text;
         // A tool-calling answer is counted through the chat template,
         // which needs the request body.
         let calls =
@@ -186,7 +186,12 @@ impl TokensStage {
             output: output.filter(|_| want_out),
             finish_reason: r.finish_reason.clone(),
         };
-        f.text = Some(text);
+        // The waiting record keeps only what TPOT needs; the job has the
+        // text (counted against the queue's bytes).
+        f.text = Some(Box::new(KeptText {
+            content_span_s,
+            ..Default::default()
+        }));
         match self.worker.submit(job) {
             Ok(()) => {
                 self.waiting.insert(
