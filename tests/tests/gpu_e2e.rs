@@ -381,16 +381,17 @@ fn a_gpu_lost_mid_run_leaves_the_agent_measuring() {
     let scen = dir.join("scenario.json");
     // Written once the worker's pid is known; the agent reads it at init.
     let (engine, worker, port) = start_engine();
-    // Healthy for 2.5 s (the scenario's clock starts at the agent's NVML
+    // Healthy for 8 s (the scenario's clock starts at the agent's NVML
     // init, before its eBPF set-up and "ready": a loaded CI machine spent
-    // most of 1.5 s there), then lost for good.
+    // most of 1.5 s there, and an AMD EPYC VM over 4 s — the GPU was lost
+    // before the first request), then lost for good.
     let steps: Vec<Value> = (0..100u64)
         .map(|k| {
             json!({"t_ms": k * 100, "devices": [{
                 "util_gpu": 50, "memory_total": 150_000_000_000u64, "memory_used": 1u64 << 30,
                 "power_mw": 200_000, "energy_mj": 1_000 + 20_000 * k,
                 "compute_processes": [{"pid": worker, "used_bytes": 1u64 << 30}],
-                "lost": k >= 25}]})
+                "lost": k >= 80}]})
         })
         .collect();
     std::fs::write(
@@ -398,6 +399,9 @@ fn a_gpu_lost_mid_run_leaves_the_agent_measuring() {
         json!({"devices": [{"uuid": GPU, "name": "NVIDIA H200"}], "steps": steps}).to_string(),
     )
     .unwrap();
+    // The agent's NVML init comes after its start: the loss is at least
+    // 8 s from here.
+    let spawned = std::time::Instant::now();
     let (mut agent, agent_out) = RunAgent::new()
         .pid(engine.0.id())
         .args(["--gpu-interval", "0.2"])
@@ -408,7 +412,11 @@ fn a_gpu_lost_mid_run_leaves_the_agent_measuring() {
         .start();
     std::thread::sleep(Duration::from_millis(500));
     stream(port, 1, 5, 20).join().unwrap(); // while the GPU answers
-    std::thread::sleep(Duration::from_millis(2800)); // lost from 2.5 s
+                                            // Lost from 8 s after the NVML init, itself after `spawned`; with
+                                            // 1 s more for the init and a sample to see it.
+    std::thread::sleep(
+        (spawned + Duration::from_secs(9)).saturating_duration_since(std::time::Instant::now()),
+    );
     stream(port, 2, 5, 20).join().unwrap();
     std::thread::sleep(Duration::from_millis(1200));
     let (ok, lines) = interrupt(&mut agent, agent_out);
