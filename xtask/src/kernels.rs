@@ -22,7 +22,7 @@
 
 use std::{
     collections::BTreeSet,
-    io::{BufRead, BufReader, Read},
+    io::{BufRead, BufReader, Read, Write},
     path::{Path, PathBuf},
     process::{Command, Stdio},
     time::{Duration, Instant},
@@ -124,6 +124,9 @@ const HOST_PROGRAMS: &[&str] = &["/usr/bin/ip", "/usr/bin/setpriv", "/usr/bin/py
 /// Kernel modules the tests need that Debian's cloud kernels build as
 /// modules (veth for the tests' network namespaces), in load order.
 const MODULES: &[&str] = &["drivers/net/veth.ko"];
+
+/// How many of a failed focused test's last lines the matrix shows.
+const TAIL_LINES: usize = 60;
 
 /// How long one kernel's whole run may take.
 const VM_TIMEOUT: Duration = Duration::from_secs(1500);
@@ -852,6 +855,12 @@ fn boot(dir: &Path, k: &KernelLine, img: &Image, rootfs: &Path) -> Result<Row> {
         }
     });
     let mut log = String::new();
+    // Written as the VM prints, so a run killed from outside still leaves
+    // what the guest said.
+    let mut log_file = std::fs::File::create(&log_path)?;
+    // The current focused test's output: shown when it fails, so a CI log
+    // says why without the guest's log file.
+    let mut test_lines: Vec<String> = Vec::new();
     let mut row = Row::new(k.label);
     let mut done = false;
     while started.elapsed() < VM_TIMEOUT {
@@ -860,6 +869,7 @@ fn boot(dir: &Path, k: &KernelLine, img: &Image, rootfs: &Path) -> Result<Row> {
                 let line = line.replace('\r', "");
                 log.push_str(&line);
                 log.push('\n');
+                let _ = writeln!(log_file, "{line}");
                 read_tls_line(&line, &mut row);
                 if let Some(rest) = line.find(MARK).map(|i| &line[i + MARK.len()..]) {
                     let rest = rest.trim();
@@ -867,6 +877,17 @@ fn boot(dir: &Path, k: &KernelLine, img: &Image, rootfs: &Path) -> Result<Row> {
                     if rest.starts_with("end ") || rest.starts_with("kernel ") {
                         eprintln!("xtask: kernels: {}: {rest}", k.label);
                     }
+                    if rest.starts_with("end ") && !rest.contains(" rc=0 ") {
+                        let from = test_lines.len().saturating_sub(TAIL_LINES);
+                        for l in &test_lines[from..] {
+                            eprintln!("xtask: kernels: {}: | {l}", k.label);
+                        }
+                    }
+                    if rest.starts_with("begin ") || rest.starts_with("end ") {
+                        test_lines.clear();
+                    }
+                } else {
+                    test_lines.push(line);
                 }
             }
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
@@ -892,6 +913,13 @@ fn boot(dir: &Path, k: &KernelLine, img: &Image, rootfs: &Path) -> Result<Row> {
     let mut err = String::new();
     let _ = stderr.read_to_string(&mut err);
     log.push_str(&err);
+    if !done && !test_lines.is_empty() {
+        // The test the VM was in when it stopped printing.
+        let from = test_lines.len().saturating_sub(TAIL_LINES);
+        for l in &test_lines[from..] {
+            eprintln!("xtask: kernels: {}: | {l}", k.label);
+        }
+    }
     std::fs::write(&log_path, &log)?;
     row.secs = started.elapsed().as_secs_f64();
     if !done {

@@ -195,6 +195,11 @@ pub struct TlsSource {
     said: HashSet<(u64, u64)>,
     /// The kernel's refusal of uprobes was said.
     said_permission: bool,
+    /// Processes the kernel's refusal left unread, counted once each:
+    /// after the first refusal no attach is tried again (the kernel
+    /// does not change its mind while the agent runs), so a process
+    /// whose mappings change is not counted twice.
+    refused_pids: HashSet<u32>,
     stats: TlsStats,
 }
 
@@ -263,6 +268,7 @@ impl TlsSource {
             }
         }
         self.skipped.retain(|p, _| alive.contains(p));
+        self.refused_pids.retain(|p| alive.contains(p));
     }
 
     /// Attaches the TLS programs to `pid`'s OpenSSL, if it maps one and
@@ -334,6 +340,11 @@ impl TlsSource {
                     return;
                 }
             }
+        }
+        if self.said_permission {
+            self.fail(pid, None, TlsRefusal::Permission, "");
+            self.skipped.insert(pid, maps.len());
+            return;
         }
         let exe = std::fs::read_link(proc_root.join(format!("{pid}/exe")))
             .map(|p| p.to_string_lossy().into_owned())
@@ -436,8 +447,10 @@ impl TlsSource {
     }
 
     fn fail(&mut self, pid: u32, lib: Option<(u64, u64)>, reason: TlsRefusal, why: &str) {
-        *self.stats.attach_failures.entry(reason).or_default() += 1;
         if reason == TlsRefusal::Permission {
+            if self.refused_pids.insert(pid) {
+                *self.stats.attach_failures.entry(reason).or_default() += 1;
+            }
             // The same for every process: said once.
             if !self.said_permission {
                 self.said_permission = true;
@@ -445,6 +458,7 @@ impl TlsSource {
             }
             return;
         }
+        *self.stats.attach_failures.entry(reason).or_default() += 1;
         if lib.is_none_or(|l| self.said.insert(l)) {
             eprintln!("tokentap: TLS: pid {pid} not attached ({reason}): {why}");
         }
@@ -612,6 +626,26 @@ fn detach(ebpf: &mut Ebpf, links: Vec<(&'static str, UProbeLinkId)>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refusal_counts_each_process_once() {
+        // A process whose mappings change is looked at again: the
+        // refusal of its uprobes must not count twice (the kernel matrix
+        // saw 2 for one engine on a slow VM).
+        let mut s = TlsSource::new(true);
+        s.fail(7, None, TlsRefusal::Permission, "EPERM");
+        s.fail(7, None, TlsRefusal::Permission, "EPERM");
+        s.fail(8, None, TlsRefusal::Permission, "EPERM");
+        assert_eq!(s.stats().attach_failures[&TlsRefusal::Permission], 2);
+        assert!(s.said_permission);
+        // Gone processes are forgotten.
+        s.refused_pids.retain(|p| *p == 8);
+        s.fail(7, None, TlsRefusal::Permission, "EPERM");
+        assert_eq!(s.stats().attach_failures[&TlsRefusal::Permission], 3);
+        s.fail(7, Some((1, 2)), TlsRefusal::Unreadable, "gone");
+        s.fail(7, Some((1, 2)), TlsRefusal::Unreadable, "gone");
+        assert_eq!(s.stats().attach_failures[&TlsRefusal::Unreadable], 2);
+    }
 
     #[test]
     fn openssl_is_found_in_maps_and_nss_is_not() {
