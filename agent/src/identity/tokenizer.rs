@@ -27,12 +27,16 @@ use std::{
 
 use crate::engines::Engine;
 use crate::host::{procfs, rootfs::Root};
-use crate::tokenize::{HfFiles, Tokenizer};
+use crate::tokenize::{gguf, HfFiles, Tokenizer};
 
 /// `tokenizer.json` read at most (the largest public ones are ~35 MB).
 pub const MAX_TOKENIZER_JSON: u64 = 64 << 20;
 /// `tokenizer_config.json` and a chat template read at most.
 pub const MAX_CONFIG: u64 = 4 << 20;
+/// A GGUF model's head read at most for its metadata (vocabularies of
+/// 256k tokens with merges take ~15 MB; the tensors after it are never
+/// read).
+pub const MAX_GGUF_HEAD: u64 = 64 << 20;
 /// Tokenizers kept loaded at most (distinct files on the node).
 pub const MAX_LOADED: usize = 16;
 
@@ -45,8 +49,9 @@ pub enum State {
     /// The command line names no model, or its files are not there (a
     /// hub id not in the cache, a directory without `tokenizer.json`).
     NotFound,
-    /// The engine reads a format this agent does not tokenize (GGUF:
-    /// llama.cpp, Ollama; Triton's backends).
+    /// The engine reads a format this agent does not tokenize (Ollama,
+    /// which serves many models from one process; Triton's backends;
+    /// llama-server started with a model from `-hf`).
     Unsupported,
     /// The files are there but the tokenizer or its chat template does
     /// not build, or a file is larger than allowed.
@@ -146,6 +151,18 @@ pub fn wanted(engine: Engine, args: &[String], environ: &[u8]) -> Wanted {
             cache_dir: flag(args, &["--download-dir"]),
             chat_template: None,
         },
+        // llama-server: `-m`/`--model` (or `LLAMA_ARG_MODEL`), a GGUF
+        // file; `--chat-template-file` (a file) wins over
+        // `--chat-template` (a template, or a built-in's name).
+        Engine::LlamaCpp => Wanted {
+            source: model.or_else(|| env("LLAMA_ARG_MODEL")),
+            revision: None,
+            cache_dir: None,
+            chat_template: flag(args, &["--chat-template-file"])
+                .or_else(|| env("LLAMA_ARG_CHAT_TEMPLATE_FILE"))
+                .or_else(|| flag(args, &["--chat-template"]).map(|t| format!("{INLINE}{t}")))
+                .or_else(|| env("LLAMA_ARG_CHAT_TEMPLATE").map(|t| format!("{INLINE}{t}"))),
+        },
         _ => Wanted::default(),
     }
 }
@@ -225,14 +242,20 @@ impl Loader {
         let Some(engine) = engine else {
             return Found::not(State::NotFound, "no engine named");
         };
-        if matches!(engine, Engine::LlamaCpp | Engine::Ollama | Engine::Triton) {
-            return Found::not(
-                State::Unsupported,
-                format!(
-                    "{} reads GGUF or backend files: not tokenized yet",
-                    engine.name()
-                ),
-            );
+        match engine {
+            Engine::Ollama => {
+                return Found::not(
+                    State::Unsupported,
+                    "Ollama serves many models from one process (a tokenizer per request's model is not built yet)",
+                )
+            }
+            Engine::Triton => {
+                return Found::not(
+                    State::Unsupported,
+                    "Triton's backends load their own tokenizers: not read",
+                )
+            }
+            _ => {}
         }
         let Some(args) = procfs::proc_args(proc_root, pid) else {
             return Found::not(State::NotFound, "process gone");
@@ -252,6 +275,12 @@ impl Loader {
         } else {
             cwd.as_ref().map(|c| c.join(&source))
         };
+        if engine == Engine::LlamaCpp {
+            return match local {
+                Some(f) => self.load_gguf(&root, &f, &w, cwd.as_deref()),
+                None => Found::not(State::NotFound, format!("{source}: no model file")),
+            };
+        }
         let dir = match local.filter(|d| root.stat(d).is_ok_and(|m| m.is_dir())) {
             Some(d) => d,
             None if hub_id(&source) => {
@@ -281,6 +310,88 @@ impl Loader {
         self.load_dir(&root, &dir, &w, cwd.as_deref())
     }
 
+    /// The tokenizer of GGUF model `file` (as llama-server sees it): the
+    /// vocabulary and chat template from its metadata, never more than
+    /// [`MAX_GGUF_HEAD`] bytes of it.
+    pub fn load_gguf(&mut self, root: &Root, file: &Path, w: &Wanted, cwd: Option<&Path>) -> Found {
+        let m = match root.stat(file) {
+            Ok(m) if m.is_file() => m,
+            Ok(_) => return Found::not(State::NotFound, format!("{}: not a file", file.display())),
+            Err(e) => return Found::not(State::NotFound, format!("{}: {e}", file.display())),
+        };
+        let template = match w.chat_template.as_deref() {
+            Some(t) => match t.strip_prefix(INLINE) {
+                Some(inline) => Some(inline.to_string()),
+                None => match root.read(&relative(t, cwd), MAX_CONFIG) {
+                    Ok(b) => Some(String::from_utf8_lossy(&b).into_owned()),
+                    Err(e) => {
+                        return Found::not(State::Invalid, format!("--chat-template-file {t}: {e}"))
+                    }
+                },
+            },
+            None => None,
+        };
+        if let Some(t) = template
+            .as_deref()
+            .filter(|t| !is_template(t) && *t != "chatml")
+        {
+            // A built-in template's name: llama.cpp's own C++ renderer,
+            // which this agent does not reproduce.
+            return Found::not(
+                State::Unsupported,
+                format!("--chat-template {t}: a llama.cpp built-in template, not rendered here"),
+            );
+        }
+        let key: Key = (
+            m.dev(),
+            m.ino(),
+            m.size(),
+            m.mtime(),
+            template.as_deref().map_or(0, fnv),
+        );
+        let named = match w.chat_template.as_deref() {
+            Some(t) if t.starts_with(INLINE) => {
+                format!("{} with its --chat-template", file.display())
+            }
+            Some(t) => format!("{} with the chat template {t}", file.display()),
+            None => file.display().to_string(),
+        };
+        if let Some(t) = self.loaded.get(&key) {
+            return Found {
+                state: State::Loaded,
+                tokenizer: Some(t.clone()),
+                detail: format!("{named} (shared)"),
+            };
+        }
+        let head = match root.read_head(file, MAX_GGUF_HEAD) {
+            Ok((b, _)) => b,
+            Err(e) => return Found::not(State::Invalid, format!("{}: {e}", file.display())),
+        };
+        let built = gguf::GgufVocab::from_gguf(&head)
+            .and_then(|v| Tokenizer::from_gguf(v, template.as_deref()));
+        match built {
+            Ok(t) => Found {
+                state: State::Loaded,
+                tokenizer: Some(self.keep(key, t)),
+                detail: named,
+            },
+            Err(e) => Found::not(State::Invalid, format!("{}: {e}", file.display())),
+        }
+    }
+
+    /// Keeps a loaded tokenizer under `key` (the oldest goes past
+    /// [`MAX_LOADED`]).
+    fn keep(&mut self, key: Key, t: Tokenizer) -> Arc<Tokenizer> {
+        let t = Arc::new(t);
+        if self.order.len() >= MAX_LOADED {
+            let old = self.order.remove(0);
+            self.loaded.remove(&old);
+        }
+        self.order.push(key);
+        self.loaded.insert(key, t.clone());
+        t
+    }
+
     /// The tokenizer in model directory `dir` (as the engine sees it).
     pub fn load_dir(&mut self, root: &Root, dir: &Path, w: &Wanted, cwd: Option<&Path>) -> Found {
         let tj = dir.join("tokenizer.json");
@@ -296,17 +407,9 @@ impl Loader {
         // --chat-template: a file (read from the engine's root), else
         // (vLLM) the template itself.
         let template = match &w.chat_template {
-            Some(t) if t.contains("{{") || t.contains("{%") => Some(t.clone()),
+            Some(t) if is_template(t) => Some(t.clone()),
             Some(t) => {
-                let p = if t.starts_with('/') {
-                    PathBuf::from(t)
-                } else {
-                    match cwd {
-                        Some(c) => c.join(t),
-                        None => PathBuf::from(t),
-                    }
-                };
-                match root.read(&p, MAX_CONFIG) {
+                match root.read(&relative(t, cwd), MAX_CONFIG) {
                     Ok(b) => Some(String::from_utf8_lossy(&b).into_owned()),
                     // A named built-in template (SGLang's): the model's own.
                     Err(_) => None,
@@ -343,22 +446,30 @@ impl Loader {
             template,
         };
         match Tokenizer::from_hf(&files) {
-            Ok(t) => {
-                let t = Arc::new(t);
-                if self.order.len() >= MAX_LOADED {
-                    let old = self.order.remove(0);
-                    self.loaded.remove(&old);
-                }
-                self.order.push(key);
-                self.loaded.insert(key, t.clone());
-                Found {
-                    state: State::Loaded,
-                    tokenizer: Some(t),
-                    detail: dir.display().to_string(),
-                }
-            }
+            Ok(t) => Found {
+                state: State::Loaded,
+                tokenizer: Some(self.keep(key, t)),
+                detail: dir.display().to_string(),
+            },
             Err(e) => Found::not(State::Invalid, format!("{}: {e}", dir.display())),
         }
+    }
+}
+
+/// What marks [`Wanted::chat_template`] as the template (or a built-in's
+/// name) given on the command line, not a file.
+const INLINE: &str = "inline:";
+
+/// Whether `t` is a Jinja template rather than a file or a name.
+fn is_template(t: &str) -> bool {
+    t.contains("{{") || t.contains("{%")
+}
+
+/// `p` as the engine opens it: relative to its working directory.
+fn relative(p: &str, cwd: Option<&Path>) -> PathBuf {
+    match cwd {
+        Some(c) if !p.starts_with('/') => c.join(p),
+        _ => PathBuf::from(p),
     }
 }
 
@@ -407,6 +518,20 @@ mod tests {
         );
         assert_eq!(w.source.as_deref(), Some("org/m"));
         assert_eq!(w.revision.as_deref(), Some("abc"));
+        let w = wanted(
+            Engine::LlamaCpp,
+            &args("/app/llama-server -m /models/q.gguf --chat-template-file t.jinja --chat-template chatml"),
+            b"",
+        );
+        assert_eq!(w.source.as_deref(), Some("/models/q.gguf"));
+        assert_eq!(w.chat_template.as_deref(), Some("t.jinja"));
+        let w = wanted(
+            Engine::LlamaCpp,
+            &args("llama-server --port 8080"),
+            b"LLAMA_ARG_MODEL=/m.gguf\0LLAMA_ARG_CHAT_TEMPLATE=llama3\0",
+        );
+        assert_eq!(w.source.as_deref(), Some("/m.gguf"));
+        assert_eq!(w.chat_template.as_deref(), Some("inline:llama3"));
     }
 
     #[test]

@@ -257,6 +257,10 @@ impl TokensStage {
             out.push(w.f);
         }
         self.order.clear();
+        let c = self.health.tokens.lock().unwrap_or_else(|p| p.into_inner());
+        if !c.tokenized.is_empty() || !c.agreement.is_empty() || !c.failed.is_empty() {
+            eprintln!("tokentap: {}", summary(&c));
+        }
     }
 
     fn apply(&mut self, done: Done, out: &mut Vec<Finished>) {
@@ -356,10 +360,52 @@ pub fn set_counts(
         exact(src.input) && (exact(src.output) || r.operation == Some(Operation::Embeddings));
 }
 
+/// The tokenizer's run in one line (said at shutdown): counts set, the
+/// sampled checks by engine and direction, the fallbacks by reason.
+fn summary(c: &crate::stage::health::TokenCounts) -> String {
+    let join = |v: Vec<String>| {
+        if v.is_empty() {
+            "none".to_string()
+        } else {
+            v.join(", ")
+        }
+    };
+    let tokenized = join(
+        c.tokenized
+            .iter()
+            .map(|(d, n)| format!("{d} {n}"))
+            .collect(),
+    );
+    let checks = join(
+        c.agreement
+            .iter()
+            .map(|((e, d, r), n)| format!("{e} {d} {r} {n}"))
+            .collect(),
+    );
+    let failed = join(c.failed.iter().map(|(r, n)| format!("{r} {n}")).collect());
+    format!(
+        "tokenizer: counted {tokenized}; checked against the engines' counts: {checks}; left estimated: {failed}"
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::record::RequestRecord;
+
+    #[test]
+    fn the_shutdown_line_says_counts_checks_and_fallbacks() {
+        let mut c = crate::stage::health::TokenCounts::default();
+        c.tokenized.insert("input", 3);
+        c.agreement
+            .insert(("llama.cpp".into(), "input", "agree"), 4);
+        c.agreement
+            .insert(("llama.cpp".into(), "output", "disagree"), 1);
+        assert_eq!(
+            summary(&c),
+            "tokenizer: counted input 3; checked against the engines' counts: llama.cpp input agree 4, llama.cpp output disagree 1; left estimated: none"
+        );
+    }
 
     /// A record with no kept text (no tokenizer for its engine, or no
     /// operation) goes on at once, whole.

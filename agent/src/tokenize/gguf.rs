@@ -1208,6 +1208,23 @@ impl GgufVocab {
         self.eos
     }
 
+    /// `tokenizer.ggml.add_bos_token` (llama.cpp's `llama_vocab_get_add_bos`).
+    pub fn add_bos(&self) -> bool {
+        self.add_bos
+    }
+
+    /// `tokenizer.ggml.add_eos_token`.
+    pub fn add_eos(&self) -> bool {
+        self.add_eos
+    }
+
+    /// A token's text as llama.cpp gives a chat template its `bos_token`
+    /// and `eos_token` (`common_token_to_piece(…, special = true)`: the
+    /// special token's text as stored).
+    pub fn token_text(&self, id: u32) -> Option<&str> {
+        std::str::from_utf8(self.tokens.get(id as usize)?).ok()
+    }
+
     /// The ids llama.cpp's `llama_tokenize(text, add_special,
     /// parse_special)` gives.
     pub fn encode(

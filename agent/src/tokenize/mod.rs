@@ -90,10 +90,20 @@ impl std::fmt::Debug for Shared {
     }
 }
 
+/// What encodes text: a Hugging Face `tokenizer.json`, or a GGUF
+/// vocabulary encoding as llama.cpp does.
+enum Backend {
+    Hf(Box<tokenizers::Tokenizer>),
+    Gguf(Box<gguf::GgufVocab>),
+}
+
+/// llama.cpp's template when a model has none (`CHATML_TEMPLATE_SRC`).
+const CHATML: &str = "{%- for message in messages -%}\n  {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' -}}\n{%- endfor -%}\n{%- if add_generation_prompt -%}\n  {{- '<|im_start|>assistant\\n' -}}\n{%- endif -%}";
+
 /// An engine's tokenizer, loaded once and shared by every process that
 /// serves the same files.
 pub struct Tokenizer {
-    hf: tokenizers::Tokenizer,
+    backend: Backend,
     /// The default chat template, and the `tool_use` one when the config
     /// names one.
     chat: Option<ChatTemplate>,
@@ -175,7 +185,13 @@ pub struct PrefixStats {
 impl std::fmt::Debug for Tokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Tokenizer")
-            .field("vocab", &self.hf.get_vocab_size(true))
+            .field(
+                "vocab",
+                &match &self.backend {
+                    Backend::Hf(hf) => hf.get_vocab_size(true),
+                    Backend::Gguf(v) => v.n_tokens(),
+                },
+            )
             .field("chat", &self.chat.is_some())
             .finish()
     }
@@ -251,35 +267,81 @@ impl Tokenizer {
         Ok(Self {
             prefix: PrefixCache::new(&hf),
             eos: specials.get("eos_token").cloned(),
-            hf,
+            backend: Backend::Hf(Box::new(hf)),
             chat: compile(default)?,
             tool_chat: compile(tool_use)?,
             parts_content,
         })
     }
 
+    /// Builds the tokenizer of a GGUF model from its vocabulary, with
+    /// llama-server's chat template: `template` (its `--chat-template`
+    /// or `--chat-template-file`) over the GGUF's
+    /// `tokenizer.chat_template`, ChatML when there is none (as
+    /// llama.cpp falls back); `bos_token`/`eos_token` are the tokens'
+    /// texts.
+    pub fn from_gguf(vocab: gguf::GgufVocab, template: Option<&str>) -> Result<Self, String> {
+        let mut specials = BTreeMap::new();
+        for (name, id) in [("bos_token", vocab.bos()), ("eos_token", vocab.eos())] {
+            if let Some(t) = id.and_then(|i| vocab.token_text(i)) {
+                specials.insert(name.to_string(), t.to_string());
+            }
+        }
+        let src = match template.or(vocab.chat_template()) {
+            None | Some("") | Some("chatml") => CHATML.to_string(),
+            Some(t) => t.to_string(),
+        };
+        let chat =
+            ChatTemplate::new(&src, specials.clone()).map_err(|e| format!("chat template: {e}"))?;
+        Ok(Self {
+            prefix: None,
+            eos: specials.get("eos_token").cloned(),
+            parts_content: iterates_content_parts(&src),
+            backend: Backend::Gguf(Box::new(vocab)),
+            chat: Some(chat),
+            tool_chat: None,
+        })
+    }
+
     /// Tokens of `text`, with or without the tokenizer's own specials
-    /// (its post-processor: BOS, …).
+    /// (its post-processor: BOS, …). A GGUF vocabulary reads special
+    /// tokens in the text as llama-server does (`parse_special`).
     pub fn encode_len(&self, text: &str, add_special: bool) -> Result<u64, Failure> {
-        self.hf
-            .encode_fast(text, add_special)
-            .map(|e| e.len() as u64)
-            .map_err(|_| Failure::Encode)
+        match &self.backend {
+            Backend::Hf(hf) => hf
+                .encode_fast(text, add_special)
+                .map(|e| e.len() as u64)
+                .map_err(|_| Failure::Encode),
+            Backend::Gguf(v) => v
+                .encode(text, add_special, true)
+                .map(|ids| ids.len() as u64)
+                .map_err(|_| Failure::Encode),
+        }
     }
 
     /// The ids of `text` (the tests' and the benchmark's view).
     pub fn encode_ids(&self, text: &str, add_special: bool) -> Result<Vec<u32>, Failure> {
-        self.hf
-            .encode_fast(text, add_special)
-            .map(|e| e.get_ids().to_vec())
-            .map_err(|_| Failure::Encode)
+        match &self.backend {
+            Backend::Hf(hf) => hf
+                .encode_fast(text, add_special)
+                .map(|e| e.get_ids().to_vec())
+                .map_err(|_| Failure::Encode),
+            Backend::Gguf(v) => v
+                .encode(text, add_special, true)
+                .map_err(|_| Failure::Encode),
+        }
+    }
+
+    /// Whether this is a GGUF vocabulary (llama.cpp's rules).
+    pub fn is_gguf(&self) -> bool {
+        matches!(self.backend, Backend::Gguf(_))
     }
 
     /// Turns the prefix cache off (`false`) or back on (the benchmark
     /// compares the two).
     pub fn set_prefix_cache(&mut self, on: bool) {
-        if on {
-            self.prefix = PrefixCache::new(&self.hf);
+        if let (true, Backend::Hf(hf)) = (on, &self.backend) {
+            self.prefix = PrefixCache::new(hf);
         } else {
             self.prefix = None;
         }
@@ -455,6 +517,9 @@ impl Tokenizer {
         match op {
             Operation::Chat => {
                 let prompt = self.render_chat(&body)?;
+                if let Backend::Gguf(v) = &self.backend {
+                    return self.llama_chat_len(v, &prompt);
+                }
                 // vLLM, SGLang and TGI encode the rendered prompt without
                 // the tokenizer's specials: the template wrote them.
                 let _ = engine;
@@ -472,6 +537,22 @@ impl Tokenizer {
             ),
             Operation::Responses => Err(Failure::Operation),
         }
+    }
+
+    /// Tokens of a rendered chat as llama-server counts them: a BOS
+    /// (EOS) the template wrote is dropped when the vocabulary adds one
+    /// (`common_chat_templates_apply`), then the prompt is tokenized with
+    /// the specials added and parsed.
+    fn llama_chat_len(&self, v: &gguf::GgufVocab, prompt: &str) -> Result<u64, Failure> {
+        let text = |id: Option<u32>| id.and_then(|i| v.token_text(i)).filter(|t| !t.is_empty());
+        let mut p = prompt;
+        if let (true, Some(bos)) = (v.add_bos(), text(v.bos())) {
+            p = p.strip_prefix(bos).unwrap_or(p);
+        }
+        if let (true, Some(eos)) = (v.add_eos(), text(v.eos())) {
+            p = p.strip_suffix(eos).unwrap_or(p);
+        }
+        self.encode_len(p, true)
     }
 
     /// A prompt as completions and embeddings take it: a string, a list
@@ -567,7 +648,9 @@ impl Tokenizer {
         let n = self.encode_len(text, false)?;
         let eos = matches!(
             engine,
-            None | Some(Engine::Vllm | Engine::Sglang | Engine::Tgi | Engine::Lmdeploy)
+            None | Some(
+                Engine::Vllm | Engine::Sglang | Engine::Tgi | Engine::Lmdeploy | Engine::LlamaCpp
+            )
         ) && matches!(finish_reason, Some("stop" | "tool_calls" | "eos_token"));
         Ok(n + u64::from(eos))
     }
