@@ -229,6 +229,24 @@ pub struct KeptText {
     /// The first choice's tool calls as streamed: (name, arguments), by
     /// the call's index; empty when another choice called one.
     pub calls: Vec<(String, String)>,
+    /// The request's type by its input tokens, when a configured rule
+    /// looks at them: classified again with the exact count.
+    pub types_by_input: Option<TypesByInput>,
+}
+
+/// A request's `request_type` as a function of its input tokens: the
+/// first `(min, max, type)` whose inclusive range holds the count
+/// (`identity::request_type::Rules::by_input_tokens`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TypesByInput(pub Vec<(u64, u64, Option<String>)>);
+
+impl TypesByInput {
+    pub fn pick(&self, n: u64) -> Option<String> {
+        self.0
+            .iter()
+            .find(|(lo, hi, _)| (*lo..=*hi).contains(&n))
+            .and_then(|(_, _, t)| t.clone())
+    }
 }
 
 impl KeptText {

@@ -189,6 +189,12 @@ fn check(records: &[Value], counts: &[Value], tag: &str) {
         );
         assert_eq!(r["tokens_source"], "tokenizer", "{r}");
         assert_eq!(r["tokens_exact"], true, "{r}");
+        let long = r["input_tokens"].as_u64().unwrap() >= 60;
+        assert_eq!(
+            r["request_type"] == "long",
+            long,
+            "{tag}-{name}: the type by the exact input count: {r}"
+        );
         assert!(
             r["chunks"].as_u64().unwrap() < r["output_tokens"].as_u64().unwrap(),
             "several tokens per chunk: {r}"
@@ -228,11 +234,21 @@ fn requests_without_usage_are_counted_with_the_engines_own_tokenizer() {
     std::fs::create_dir_all(&mnt).unwrap();
 
     let port = free_port();
+    // A request type by input tokens: decided with the exact count (the
+    // estimate, characters / 4 of the messages, puts the 65-token chat
+    // and the 249-token tool chat below 60).
+    let config = dir.join("tokentap.toml");
+    std::fs::write(
+        &config,
+        "[[request_type]]\nname = \"long\"\ninput_tokens = { min = 60 }\n",
+    )
+    .unwrap();
     let (mut agent, out) = RunAgent::new()
         .port(port)
         .no_gpu()
         .requests_log(&log)
-        .args(["--tokenize-check-ratio", "1"])
+        .args(["--tokenize-check-ratio", "1", "--config"])
+        .args([config.to_str().unwrap()])
         .start();
     let mut said = Vec::new();
     let ns = Netns::create("tkz", 91);

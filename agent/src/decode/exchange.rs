@@ -300,7 +300,7 @@ impl Exchange {
 
     /// Finish the request. `end_ns`: when it ended (last byte, or the
     /// disconnect); `error`: why it failed, if the transport says so.
-    pub fn finish(self, end_ns: u64, error: Option<ErrorType>) -> Finished {
+    pub fn finish(mut self, end_ns: u64, error: Option<ErrorType>) -> Finished {
         let error_type = match (self.status, error) {
             (_, Some(e)) => Some(e),
             (Some(429), None) => Some(ErrorType::Http429),
@@ -378,6 +378,9 @@ impl Exchange {
                 tools_offered: self.request.tools_offered,
                 tool_calls: self.tool_calls,
             };
+            if let (Some(rules), Some(t)) = (&self.types, self.text.as_mut()) {
+                t.types_by_input = rules.by_input_tokens(&facts);
+            }
             match &self.types {
                 Some(rules) => rules.classify(&facts),
                 None => builtin(&facts).map(str::to_string),

@@ -140,6 +140,30 @@ impl Rules {
     }
 }
 
+impl Rules {
+    /// The request's type as a function of its input tokens, for a count
+    /// learnt later (the tokenizer's exact one in place of the estimate
+    /// the decoder classified with): the rules whose other conditions
+    /// hold, in order, with their token ranges, up to the first without
+    /// one; then the built-in. None when no rule looks at input tokens
+    /// (the type cannot change).
+    pub fn by_input_tokens(&self, f: &Facts<'_>) -> Option<crate::record::TypesByInput> {
+        if self.rules.iter().all(|r| r.input_tokens.is_none()) {
+            return None;
+        }
+        let mut v = Vec::new();
+        for r in self.rules.iter().filter(|r| r.matches_but_tokens(f)) {
+            let (lo, hi) = r.input_tokens.unwrap_or((0, u64::MAX));
+            v.push((lo, hi, Some(r.name.clone())));
+            if r.input_tokens.is_none() {
+                return Some(crate::record::TypesByInput(v));
+            }
+        }
+        v.push((0, u64::MAX, builtin(f).map(str::to_string)));
+        Some(crate::record::TypesByInput(v))
+    }
+}
+
 /// The built-in type of a request no rule matched.
 pub fn builtin(f: &Facts<'_>) -> Option<&'static str> {
     let p = f.path.split(['?', '#']).next().unwrap_or("");
@@ -243,6 +267,14 @@ impl Rule {
     }
 
     fn matches(&self, f: &Facts<'_>) -> bool {
+        self.matches_but_tokens(f)
+            && self
+                .input_tokens
+                .is_none_or(|(lo, hi)| f.input_tokens.is_some_and(|n| (lo..=hi).contains(&n)))
+    }
+
+    /// Every condition but `input_tokens` holds.
+    fn matches_but_tokens(&self, f: &Facts<'_>) -> bool {
         let path = f.path.split(['?', '#']).next().unwrap_or("");
         self.path.as_ref().is_none_or(|p| p.matches(path))
             && self.header.as_ref().is_none_or(|(n, p)| {
@@ -254,9 +286,6 @@ impl Rule {
                 .model
                 .as_ref()
                 .is_none_or(|p| f.model.is_some_and(|m| p.matches(m)))
-            && self
-                .input_tokens
-                .is_none_or(|(lo, hi)| f.input_tokens.is_some_and(|n| (lo..=hi).contains(&n)))
             && self
                 .json_field
                 .as_ref()
@@ -503,6 +532,43 @@ mod tests {
             tools_offered: false,
             tool_calls: false,
         }
+    }
+
+    #[test]
+    fn a_type_by_input_tokens_is_decided_again_with_the_exact_count() {
+        let rules = Rules::parse(
+            "[[request_type]]\nname = \"long\"\ninput_tokens = { min = 1000 }\n\
+             [[request_type]]\nname = \"rag\"\njson_field = \"documents\"\n\
+             [[request_type]]\nname = \"tiny\"\ninput_tokens = { max = 10 }\n",
+        )
+        .unwrap();
+        let f = facts("/v1/chat/completions", Endpoint::Chat);
+        let t = rules.by_input_tokens(&f).unwrap();
+        // `rag` does not hold (no documents): long, tiny, else chat.
+        assert_eq!(t.pick(4000).as_deref(), Some("long"));
+        assert_eq!(t.pick(7).as_deref(), Some("tiny"));
+        assert_eq!(t.pick(500).as_deref(), Some("chat"));
+        // With documents, `rag` ends the list: no rule after it counts.
+        let docs = ["documents".to_string()];
+        let f = Facts {
+            json_fields: &docs,
+            ..f
+        };
+        let t = rules.by_input_tokens(&f).unwrap();
+        assert_eq!(t.pick(7).as_deref(), Some("rag"));
+        assert_eq!(t.pick(1000).as_deref(), Some("long"));
+        // The same answers as classifying with the count.
+        for n in [0, 7, 10, 11, 999, 1000, 5000] {
+            let g = Facts {
+                input_tokens: Some(n),
+                ..f
+            };
+            assert_eq!(t.pick(n), rules.classify(&g), "{n}");
+        }
+        // No rule on tokens: nothing to decide again.
+        let plain =
+            Rules::parse("[[request_type]]\nname = \"rag\"\njson_field = \"documents\"\n").unwrap();
+        assert_eq!(plain.by_input_tokens(&f), None);
     }
 
     #[test]

@@ -151,6 +151,7 @@ impl TokensStage {
             tool_calls,
             calls,
             content_span_s,
+            types_by_input,
         } = *text;
         // A tool-calling answer is counted through the chat template,
         // which needs the request body.
@@ -190,6 +191,7 @@ impl TokensStage {
         // text (counted against the queue's bytes).
         f.text = Some(Box::new(KeptText {
             content_span_s,
+            types_by_input,
             ..Default::default()
         }));
         match self.worker.submit(job) {
@@ -317,7 +319,12 @@ impl TokensStage {
                 Err(e) => self.failed(failure_name(e)),
             }
         }
-        set_counts(r, input, output, text.and_then(|t| t.content_span_s));
+        let text = text.map(|t| *t).unwrap_or_default();
+        // A configured rule on input tokens decides again with the count.
+        if let (Some(n), Some(types)) = (input, &text.types_by_input) {
+            r.request_type = types.pick(n);
+        }
+        set_counts(r, input, output, text.content_span_s);
         out.push(w.f);
     }
 }
