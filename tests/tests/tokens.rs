@@ -131,6 +131,18 @@ fn requests(addr: &str, port: u16, tag: &str) {
     request(addr, port, "/v1/chat/completions", &usage);
 }
 
+/// The engine's program (`tests/peers/hf_engine.py`), named as vLLM's.
+fn vllm_program(peers: &Peers, dir: &Path) -> PathBuf {
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let vllm = bin.join("vllm");
+    let py = peers.dir.join(".venv-tok/bin/python");
+    let code = std::fs::read_to_string(peers.dir.join("hf_engine.py")).unwrap();
+    std::fs::write(&vllm, format!("#!{}\n{code}", py.display())).unwrap();
+    Command::new("chmod").arg("+x").arg(&vllm).status().unwrap();
+    vllm
+}
+
 struct Engine {
     _running: tokentap_tests::Running,
     _out: mpsc::Receiver<String>,
@@ -220,14 +232,7 @@ fn requests_without_usage_are_counted_with_the_engines_own_tokenizer() {
     let counts = dir.join("engine-counts.jsonl");
     let src = dir.join("model-src");
     model_files(&peers, &src);
-    // The engine's program, named as vLLM's.
-    let bin = dir.join("bin");
-    std::fs::create_dir_all(&bin).unwrap();
-    let vllm = bin.join("vllm");
-    let py = peers.dir.join(".venv-tok/bin/python");
-    let code = std::fs::read_to_string(peers.dir.join("hf_engine.py")).unwrap();
-    std::fs::write(&vllm, format!("#!{}\n{code}", py.display())).unwrap();
-    Command::new("chmod").arg("+x").arg(&vllm).status().unwrap();
+    let vllm = vllm_program(&peers, &dir);
     // The mount point: empty on the host, the model inside the engine's
     // mount namespace only.
     let mnt: PathBuf = dir.join("mnt");
@@ -454,4 +459,129 @@ fn llama_servers_gguf_tokenizer_agrees_with_its_counts() {
         assert_eq!(r["tokens_exact"], true, "{r}");
         assert_ne!(r["tokens_source"], "tokenizer", "{r}");
     }
+}
+
+/// As a user meets it: the official `openai` SDK (`tests/peers/client.py`:
+/// streamed chats and completions with and without
+/// `stream_options.include_usage`, non-streamed ones) against the
+/// vLLM-like engine (its own network and mount namespaces, started after
+/// the agent), the agent exporting over OTLP to a real collector (Rotel).
+/// Every record's counts equal the engine's own; those the wire carried
+/// none for say `tokens_source: tokenizer`, the others `usage`; the
+/// collector receives `tokentap.tokens.tokenized` and
+/// `tokentap.tokens.tokenizer`.
+#[test]
+#[ignore = "needs root and the real peers (cargo xtask test installs them and runs it as root)"]
+fn the_openai_sdk_gets_exact_counts_and_the_collector_the_tokenizers_metrics() {
+    const TEST: &str = "tokens_sdk";
+    assert_root(TEST);
+    let peers = Peers::installed(TEST);
+    let dir = scratch_dir(TEST);
+    let log = dir.join("requests.jsonl");
+    let counts = dir.join("engine-counts.jsonl");
+    let src = dir.join("model-src");
+    model_files(&peers, &src);
+    let vllm = vllm_program(&peers, &dir);
+    let mnt: PathBuf = dir.join("mnt");
+    std::fs::create_dir_all(&mnt).unwrap();
+
+    let (grpc, http_port) = (free_port(), free_port());
+    let (mut rotel, rotel_out) = peers.start_rotel(grpc, http_port);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while TcpStream::connect(("127.0.0.1", grpc)).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "rotel is not listening on {grpc}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let port = free_port();
+    let (mut agent, out) = RunAgent::new()
+        .port(port)
+        .no_gpu()
+        .otlp(grpc)
+        .requests_log(&log)
+        .start();
+    let mut said = Vec::new();
+    let ns = Netns::create("tks", 93);
+    let setup = format!(
+        "mount -t tmpfs tmpfs {m}; mkdir {m}/tiny-chat; cp {s}/* {m}/tiny-chat/",
+        m = mnt.display(),
+        s = src.display()
+    );
+    let model = format!("{}/tiny-chat", mnt.display());
+    let engine = start_engine(&ns, port, &vllm, &counts, &setup, &model, &[]);
+    wait_for(&out, "its tokenizer loaded from", &mut said);
+    std::thread::sleep(Duration::from_millis(1500));
+    let sent = peers.client(
+        &format!("http://{}:{port}/v1", ns.ns_addr),
+        &[
+            "--n",
+            "12",
+            "--cancel-every",
+            "0",
+            "--max-tokens",
+            "16",
+            "--tag",
+            "sdk",
+        ],
+        &dir.join("client.jsonl"),
+    );
+    // The last records, and one export.
+    std::thread::sleep(Duration::from_millis(1500));
+    let (ok, lines) = interrupt(&mut agent, out);
+    drop(engine);
+    said.extend(lines);
+    assert!(ok, "tokentap run failed: {said:#?}");
+    assert!(
+        !said.iter().any(|l| l.contains("first disagreement")),
+        "the sampled check disagreed with the engine: {said:#?}"
+    );
+
+    let records = read_jsonl(&log);
+    let truth = read_jsonl(&counts);
+    assert_eq!(sent.len(), 12);
+    let mut by_tokenizer = 0;
+    for c in &sent {
+        let tag = c["tag"].as_str().unwrap();
+        let r = records
+            .iter()
+            .find(|r| r["request_model"] == tag)
+            .unwrap_or_else(|| panic!("{tag} not recorded: {records:#?}"));
+        let t = truth
+            .iter()
+            .find(|t| t["model"] == tag)
+            .unwrap_or_else(|| panic!("the engine did not count {tag}"));
+        assert_eq!(
+            (&r["input_tokens"], &r["output_tokens"]),
+            (&t["prompt_tokens"], &t["completion_tokens"]),
+            "{tag}: record {r} vs the engine's {t} (client {c})"
+        );
+        let carried = c["stream"] == false || c["include_usage"] == true;
+        let want = if carried { "usage" } else { "tokenizer" };
+        assert_eq!(r["tokens_source"], want, "{tag}: {r} (client {c})");
+        assert_eq!(r["tokens_exact"], true, "{r}");
+        by_tokenizer += usize::from(!carried);
+    }
+    assert!(
+        by_tokenizer >= 4,
+        "streams without usage in the mix: {by_tokenizer}"
+    );
+
+    // Rotel logs each batch it receives: the tokenizer's instruments.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut seen = vec![];
+    let (mut tokenized, mut state) = (false, false);
+    while !(tokenized && state) && Instant::now() < deadline {
+        if let Ok(l) = rotel_out.recv_timeout(Duration::from_millis(200)) {
+            tokenized |= l.contains("tokentap.tokens.tokenized");
+            state |= l.contains("tokentap.tokens.tokenizer");
+            seen.push(l);
+        }
+    }
+    let _ = rotel.0.kill();
+    assert!(
+        tokenized && state,
+        "Rotel did not receive the tokenizer's metrics (tokenized {tokenized}, tokenizer {state}); it printed: {seen:?}"
+    );
 }
