@@ -681,17 +681,6 @@ fn the_sampler_thread_stops_and_shuts_nvml_down_on_drop() {
     );
 }
 
-/// CPU time of the calling thread, ns.
-fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
 /// Benchmark row: sampler CPU per pass with 8 GPUs × 64 processes each
 /// (median of 50 passes). Prints `gpu-sampler-bench: …`; run with
 /// `--nocapture` to see it.
@@ -723,9 +712,9 @@ fn sampler_cpu_per_pass_with_8_gpus_and_64_processes() {
     let mut sampler = Sampler::new(cfg(&s.lib()));
     let mut cpu_ns = Vec::with_capacity(50);
     for pass in 0..50 {
-        let t0 = thread_cpu_ns();
+        let t0 = tokentap::host::thread_cpu_ns();
         let sample = sampler.sample(pass).expect("a sample");
-        cpu_ns.push(thread_cpu_ns() - t0);
+        cpu_ns.push(tokentap::host::thread_cpu_ns() - t0);
         assert_eq!(sample.devices.len(), 8);
         assert!(sample.devices.iter().all(|d| d.processes.len() == 64));
     }

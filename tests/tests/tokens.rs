@@ -131,6 +131,54 @@ fn requests(addr: &str, port: u16, tag: &str) {
     request(addr, port, "/v1/chat/completions", &usage);
 }
 
+/// What a test of the vLLM-like engine starts from.
+struct Setup {
+    peers: Peers,
+    dir: PathBuf,
+    log: PathBuf,
+    counts: PathBuf,
+    /// The model's files on the host.
+    src: PathBuf,
+    vllm: PathBuf,
+    /// The mount point: empty on the host, the model inside the engine's
+    /// mount namespace only.
+    mnt: PathBuf,
+}
+
+impl Setup {
+    fn new(test: &str) -> Setup {
+        assert_root(test);
+        let peers = Peers::installed(test);
+        let dir = scratch_dir(test);
+        let src = dir.join("model-src");
+        model_files(&peers, &src);
+        let vllm = vllm_program(&peers, &dir);
+        let mnt = dir.join("mnt");
+        std::fs::create_dir_all(&mnt).unwrap();
+        Setup {
+            log: dir.join("requests.jsonl"),
+            counts: dir.join("engine-counts.jsonl"),
+            peers,
+            dir,
+            src,
+            vllm,
+            mnt,
+        }
+    }
+
+    /// The engine in `ns`, its model directory on a tmpfs mounted in its
+    /// own mount namespace only.
+    fn engine_in_tmpfs(&self, ns: &Netns, port: u16) -> Engine {
+        let setup = format!(
+            "mount -t tmpfs tmpfs {m}; mkdir {m}/tiny-chat; cp {s}/* {m}/tiny-chat/",
+            m = self.mnt.display(),
+            s = self.src.display()
+        );
+        let model = format!("{}/tiny-chat", self.mnt.display());
+        start_engine(ns, port, &self.vllm, &self.counts, &setup, &model, &[])
+    }
+}
+
 /// The engine's program (`tests/peers/hf_engine.py`), named as vLLM's.
 fn vllm_program(peers: &Peers, dir: &Path) -> PathBuf {
     let bin = dir.join("bin");
@@ -224,25 +272,13 @@ fn check(records: &[Value], counts: &[Value], tag: &str) {
 #[test]
 #[ignore = "needs root and the real peers (cargo xtask test installs them and runs it as root)"]
 fn requests_without_usage_are_counted_with_the_engines_own_tokenizer() {
-    const TEST: &str = "tokens";
-    assert_root(TEST);
-    let peers = Peers::installed(TEST);
-    let dir = scratch_dir(TEST);
-    let log = dir.join("requests.jsonl");
-    let counts = dir.join("engine-counts.jsonl");
-    let src = dir.join("model-src");
-    model_files(&peers, &src);
-    let vllm = vllm_program(&peers, &dir);
-    // The mount point: empty on the host, the model inside the engine's
-    // mount namespace only.
-    let mnt: PathBuf = dir.join("mnt");
-    std::fs::create_dir_all(&mnt).unwrap();
+    let set = Setup::new("tokens");
 
     let port = free_port();
     // A request type by input tokens: decided with the exact count (the
     // estimate, characters / 4 of the messages, puts the 65-token chat
     // and the 249-token tool chat below 60).
-    let config = dir.join("tokentap.toml");
+    let config = set.dir.join("tokentap.toml");
     std::fs::write(
         &config,
         "[[request_type]]\nname = \"long\"\ninput_tokens = { min = 60 }\n",
@@ -251,7 +287,7 @@ fn requests_without_usage_are_counted_with_the_engines_own_tokenizer() {
     let (mut agent, out) = RunAgent::new()
         .port(port)
         .no_gpu()
-        .requests_log(&log)
+        .requests_log(&set.log)
         .args(["--tokenize-check-ratio", "1", "--config"])
         .args([config.to_str().unwrap()])
         .start();
@@ -259,15 +295,9 @@ fn requests_without_usage_are_counted_with_the_engines_own_tokenizer() {
     let ns = Netns::create("tkz", 91);
 
     // Phase 1: a model directory.
-    let setup = format!(
-        "mount -t tmpfs tmpfs {m}; mkdir {m}/tiny-chat; cp {s}/* {m}/tiny-chat/",
-        m = mnt.display(),
-        s = src.display()
-    );
-    let model = format!("{}/tiny-chat", mnt.display());
-    let engine = start_engine(&ns, port, &vllm, &counts, &setup, &model, &[]);
+    let engine = set.engine_in_tmpfs(&ns, port);
     assert!(
-        std::fs::read_dir(&mnt).unwrap().next().is_none(),
+        std::fs::read_dir(&set.mnt).unwrap().next().is_none(),
         "the model is visible only inside the engine's mount namespace"
     );
     wait_for(&out, "its tokenizer loaded from", &mut said);
@@ -278,7 +308,7 @@ fn requests_without_usage_are_counted_with_the_engines_own_tokenizer() {
 
     // Phase 2: the same engine restarted, the model a hub id resolved
     // through an HF cache directory.
-    let cache = dir.join("hf-cache");
+    let cache = set.dir.join("hf-cache");
     let repo = cache.join("models--tokentap--tiny-chat");
     let hash = "0123456789abcdef0123456789abcdef01234567";
     let snap = repo.join("snapshots").join(hash);
@@ -291,15 +321,15 @@ fn requests_without_usage_are_counted_with_the_engines_own_tokenizer() {
         .enumerate()
     {
         let blob = repo.join("blobs").join(format!("blob{i}"));
-        std::fs::copy(src.join(f), &blob).unwrap();
+        std::fs::copy(set.src.join(f), &blob).unwrap();
         std::os::unix::fs::symlink(format!("../../blobs/blob{i}"), snap.join(f)).unwrap();
     }
     let cache_s = cache.display().to_string();
     let engine = start_engine(
         &ns,
         port,
-        &vllm,
-        &counts,
+        &set.vllm,
+        &set.counts,
         "true",
         "tokentap/tiny-chat",
         &[("HF_HUB_CACHE", cache_s.as_str())],
@@ -317,8 +347,8 @@ fn requests_without_usage_are_counted_with_the_engines_own_tokenizer() {
         "the sampled check disagreed with the engine: {said:#?}"
     );
 
-    let records = read_jsonl(&log);
-    let counts = read_jsonl(&counts);
+    let records = read_jsonl(&set.log);
+    let counts = read_jsonl(&set.counts);
     check(&records, &counts, "dir");
     check(&records, &counts, "hub");
 }
@@ -473,20 +503,10 @@ fn llama_servers_gguf_tokenizer_agrees_with_its_counts() {
 #[test]
 #[ignore = "needs root and the real peers (cargo xtask test installs them and runs it as root)"]
 fn the_openai_sdk_gets_exact_counts_and_the_collector_the_tokenizers_metrics() {
-    const TEST: &str = "tokens_sdk";
-    assert_root(TEST);
-    let peers = Peers::installed(TEST);
-    let dir = scratch_dir(TEST);
-    let log = dir.join("requests.jsonl");
-    let counts = dir.join("engine-counts.jsonl");
-    let src = dir.join("model-src");
-    model_files(&peers, &src);
-    let vllm = vllm_program(&peers, &dir);
-    let mnt: PathBuf = dir.join("mnt");
-    std::fs::create_dir_all(&mnt).unwrap();
+    let set = Setup::new("tokens_sdk");
 
     let (grpc, http_port) = (free_port(), free_port());
-    let (mut rotel, rotel_out) = peers.start_rotel(grpc, http_port);
+    let (mut rotel, rotel_out) = set.peers.start_rotel(grpc, http_port);
     let deadline = Instant::now() + Duration::from_secs(30);
     while TcpStream::connect(("127.0.0.1", grpc)).is_err() {
         assert!(
@@ -500,20 +520,14 @@ fn the_openai_sdk_gets_exact_counts_and_the_collector_the_tokenizers_metrics() {
         .port(port)
         .no_gpu()
         .otlp(grpc)
-        .requests_log(&log)
+        .requests_log(&set.log)
         .start();
     let mut said = Vec::new();
     let ns = Netns::create("tks", 93);
-    let setup = format!(
-        "mount -t tmpfs tmpfs {m}; mkdir {m}/tiny-chat; cp {s}/* {m}/tiny-chat/",
-        m = mnt.display(),
-        s = src.display()
-    );
-    let model = format!("{}/tiny-chat", mnt.display());
-    let engine = start_engine(&ns, port, &vllm, &counts, &setup, &model, &[]);
+    let engine = set.engine_in_tmpfs(&ns, port);
     wait_for(&out, "its tokenizer loaded from", &mut said);
     std::thread::sleep(Duration::from_millis(1500));
-    let sent = peers.client(
+    let sent = set.peers.client(
         &format!("http://{}:{port}/v1", ns.ns_addr),
         &[
             "--n",
@@ -525,7 +539,7 @@ fn the_openai_sdk_gets_exact_counts_and_the_collector_the_tokenizers_metrics() {
             "--tag",
             "sdk",
         ],
-        &dir.join("client.jsonl"),
+        &set.dir.join("client.jsonl"),
     );
     // The last records, and one export.
     std::thread::sleep(Duration::from_millis(1500));
@@ -538,8 +552,8 @@ fn the_openai_sdk_gets_exact_counts_and_the_collector_the_tokenizers_metrics() {
         "the sampled check disagreed with the engine: {said:#?}"
     );
 
-    let records = read_jsonl(&log);
-    let truth = read_jsonl(&counts);
+    let records = read_jsonl(&set.log);
+    let truth = read_jsonl(&set.counts);
     assert_eq!(sent.len(), 12);
     let mut by_tokenizer = 0;
     for c in &sent {

@@ -93,17 +93,6 @@ pub struct Worker {
     pub stats: Arc<WorkerStats>,
 }
 
-/// This thread's CPU time (ns).
-fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `clock_gettime` writes one `timespec` we own.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
 impl Worker {
     /// Starts the thread; `cpu_share`: the budget, in cores (0.25 = a
     /// quarter of one core).
@@ -194,7 +183,7 @@ impl Worker {
 /// Counts one job (on the worker's thread; also the benchmark's and the
 /// tests' way in).
 pub fn run(job: &Job) -> Done {
-    let start = thread_cpu_ns();
+    let start = crate::host::thread_cpu_ns();
     let t = &job.tokenizer;
     let input = job
         .body
@@ -218,6 +207,6 @@ pub fn run(job: &Job) -> Done {
         input,
         output,
         over_budget: false,
-        cpu_ns: thread_cpu_ns().saturating_sub(start),
+        cpu_ns: crate::host::thread_cpu_ns().saturating_sub(start),
     }
 }

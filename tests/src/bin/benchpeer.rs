@@ -45,16 +45,6 @@ use std::{
 
 use tokentap_tests::http;
 
-fn thread_cpu_s() -> f64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid timespec pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
-}
-
 fn wait_go() {
     let mut line = String::new();
     std::io::stdin().lock().read_line(&mut line).ok();
@@ -63,7 +53,7 @@ fn wait_go() {
 /// Writes `chunk` to `fd` for `secs`, optionally paced; returns (writes, wall, cpu).
 fn write_loop(fd: i32, chunk: &[u8], secs: f64, rate: Option<f64>) -> (u64, f64, f64) {
     let start = Instant::now();
-    let cpu0 = thread_cpu_s();
+    let cpu0 = tokentap::host::thread_cpu_s();
     let end = start + Duration::from_secs_f64(secs);
     let mut n = 0u64;
     let one = |n: &mut u64| {
@@ -98,7 +88,11 @@ fn write_loop(fd: i32, chunk: &[u8], secs: f64, rate: Option<f64>) -> (u64, f64,
             }
         }
     }
-    (n, start.elapsed().as_secs_f64(), thread_cpu_s() - cpu0)
+    (
+        n,
+        start.elapsed().as_secs_f64(),
+        tokentap::host::thread_cpu_s() - cpu0,
+    )
 }
 
 /// One HTTP chunk of `total` bytes carrying one OpenAI-style SSE event
@@ -149,13 +143,17 @@ fn report(writes: u64, wall: f64, cpu: f64) {
 /// passed, then reports calls, wall time and this thread's CPU time.
 fn timed_batches(secs: f64, mut batch: impl FnMut() -> u64) {
     let start = Instant::now();
-    let cpu0 = thread_cpu_s();
+    let cpu0 = tokentap::host::thread_cpu_s();
     let end = start + Duration::from_secs_f64(secs);
     let mut n = 0u64;
     while Instant::now() < end {
         n += batch();
     }
-    report(n, start.elapsed().as_secs_f64(), thread_cpu_s() - cpu0);
+    report(
+        n,
+        start.elapsed().as_secs_f64(),
+        tokentap::host::thread_cpu_s() - cpu0,
+    );
 }
 
 fn main() {

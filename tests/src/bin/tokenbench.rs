@@ -33,16 +33,6 @@ use tokentap::{
     vocab::Operation,
 };
 
-fn thread_cpu_s() -> f64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: writes one timespec we own.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
-}
-
 const TEXT: &str = "The agent reads what the engine wrote: every streamed chunk, every \
 prompt. fn main() { let v: Vec<u32> = (0..1024).map(|i| i * 7).collect(); println!(\"{v:?}\"); } \
 Les arcs-en-ciel ont sept couleurs — rouge, orange, jaune, vert, bleu, indigo, violet. \
@@ -62,12 +52,12 @@ fn tokenizer(peers: &Path, name: &str, template: Option<&str>) -> Tokenizer {
 /// Tokens per second of CPU encoding `TEXT` repeated (about 20 kB a call).
 fn tokens_per_s(tok: &Tokenizer, secs: f64) -> f64 {
     let text = TEXT.repeat(80);
-    let (t0, c0) = (Instant::now(), thread_cpu_s());
+    let (t0, c0) = (Instant::now(), tokentap::host::thread_cpu_s());
     let mut n = 0u64;
     while t0.elapsed().as_secs_f64() < secs {
         n += tok.encode_len(&text, false).unwrap();
     }
-    n as f64 / (thread_cpu_s() - c0)
+    n as f64 / (tokentap::host::thread_cpu_s() - c0)
 }
 
 /// The Llama-2 chat format (system prompt first, each turn closed by the
@@ -109,14 +99,14 @@ fn job(tok: &Arc<Tokenizer>, body: Vec<u8>, id: u64) -> Job {
 
 /// CPU ms per 1,000 requests of `bodies`, and the prompt's tokens.
 fn per_1k(tok: &Arc<Tokenizer>, bodies: &[Vec<u8>]) -> (f64, u64) {
-    let c0 = thread_cpu_s();
+    let c0 = tokentap::host::thread_cpu_s();
     let mut input = 0;
     for (i, b) in bodies.iter().enumerate() {
         let d = worker::run(&job(tok, b.clone(), i as u64));
         input = d.input.unwrap().unwrap();
     }
     (
-        (thread_cpu_s() - c0) * 1e3 * 1000.0 / bodies.len() as f64,
+        (tokentap::host::thread_cpu_s() - c0) * 1e3 * 1000.0 / bodies.len() as f64,
         input,
     )
 }
