@@ -1353,12 +1353,6 @@ impl GgufVocab {
 
     /// `llm_tokenizer_spm_session::tokenize`.
     fn spm(&self, text: &[u8], out: &mut Vec<u32>) -> Result<(), String> {
-        struct Sym {
-            start: usize,
-            n: usize,
-            prev: isize,
-            next: isize,
-        }
         #[derive(PartialEq)]
         struct Bigram {
             score: f32,
@@ -1383,18 +1377,7 @@ impl GgufVocab {
             return Ok(());
         }
         let mut syms: Vec<Sym> = Vec::new();
-        let mut offs = 0;
-        while offs < text.len() {
-            let n = utf8_len(text[offs]).min(text.len() - offs);
-            let i = syms.len() as isize;
-            offs += n;
-            syms.push(Sym {
-                start: offs - n,
-                n,
-                prev: i - 1,
-                next: if offs == text.len() { -1 } else { i + 1 },
-            });
-        }
+        push_chars(text, 0, &mut syms);
         let mut queue = BinaryHeap::new();
         let try_add = |syms: &[Sym], queue: &mut BinaryHeap<Bigram>, l: isize, r: isize| {
             if l < 0 || r < 0 {
@@ -1463,12 +1446,6 @@ impl GgufVocab {
             right: usize,
             size: usize,
         }
-        struct Sym {
-            start: usize,
-            n: usize,
-            prev: isize,
-            next: isize,
-        }
         let rank = |l: &[u8], r: &[u8]| -> Option<u32> {
             ranks.get(&(*parts.get(l)?, *parts.get(r)?)).copied()
         };
@@ -1484,7 +1461,6 @@ impl GgufVocab {
                 text.as_bytes()[a..b].to_vec()
             };
             let mut syms: Vec<Sym> = Vec::new();
-            let mut offs = 0;
             let whole = (pre.ignore_merges && self.ids.contains_key(&word[..]))
                 || (matches!(self.pre.as_str(), "gemma4" | "granite-embed-multi-311m")
                     && word.iter().all(|&c| c == b'\n')
@@ -1496,18 +1472,8 @@ impl GgufVocab {
                     prev: -1,
                     next: -1,
                 });
-                offs = word.len();
-            }
-            while offs < word.len() {
-                let n = utf8_len(word[offs]).min(word.len() - offs);
-                let i = syms.len() as isize;
-                offs += n;
-                syms.push(Sym {
-                    start: offs - n,
-                    n,
-                    prev: i - 1,
-                    next: if offs == word.len() { -1 } else { i + 1 },
-                });
+            } else {
+                push_chars(&word, 0, &mut syms);
             }
             let mut queue = BinaryHeap::new();
             let add = |syms: &[Sym], queue: &mut BinaryHeap<Bigram>, l: isize, r: isize| {
@@ -1579,6 +1545,31 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
         return None;
     }
     memchr::memmem::find(hay, needle)
+}
+
+/// A run of bytes being merged, linked to its neighbours (-1: none).
+struct Sym {
+    start: usize,
+    n: usize,
+    prev: isize,
+    next: isize,
+}
+
+/// One symbol per UTF-8 character of `text[from..]` (a cut character
+/// keeps what bytes it has), linked in order: where merging starts.
+fn push_chars(text: &[u8], from: usize, syms: &mut Vec<Sym>) {
+    let mut offs = from;
+    while offs < text.len() {
+        let n = utf8_len(text[offs]).min(text.len() - offs);
+        let i = syms.len() as isize;
+        offs += n;
+        syms.push(Sym {
+            start: offs - n,
+            n,
+            prev: i - 1,
+            next: if offs == text.len() { -1 } else { i + 1 },
+        });
+    }
 }
 
 /// llama.cpp's `unicode_len_utf8`: a sequence's length from its first
