@@ -760,13 +760,23 @@ fn tokens(secs: f64, rounds: usize) -> Result<Vec<Row>> {
     let m = |k: &str| median(runs.iter().filter_map(|v| v[k].as_f64()).collect());
     let mut rows = vec![];
     for (name, kind) in [
-        ("claude", "byte-level BPE, 65k vocabulary"),
-        ("llama2", "Metaspace BPE with byte fallback, 32k"),
+        ("claude", "tokenizer.json: byte-level BPE, 65k vocabulary"),
+        (
+            "llama2",
+            "tokenizer.json: Metaspace BPE with byte fallback, 32k",
+        ),
+        ("gguf-llama-spm", "GGUF, llama.cpp's SPM, 32k"),
+        (
+            "gguf-llama-bpe",
+            "GGUF, llama.cpp's BPE, llama3 pre-tokenizer, 128k",
+        ),
+        (
+            "gguf-qwen2",
+            "GGUF, llama.cpp's BPE, qwen2 pre-tokenizer, 152k",
+        ),
     ] {
         rows.push(row(
-            format!(
-                "tokenizer throughput, one core: `{name}` tokenizer.json ({kind}), 20 kB texts"
-            ),
+            format!("tokenizer throughput, one core: `{name}` ({kind}), 20 kB texts"),
             "–",
             format!("{:.2} M tokens/s", m(&format!("tokens_per_s.{name}")) / 1e6),
             "–",

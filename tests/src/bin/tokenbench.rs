@@ -5,7 +5,10 @@
 //! - `tokens_per_s.<name>`: encoding throughput per core of the real
 //!   tokenizer.json files the peers fetched (`tokenizer_vectors.py`):
 //!   `claude` (byte-level BPE, 65k), `llama2` (Metaspace BPE with byte
-//!   fallback, 32k), on a mixed English/code/multilingual text;
+//!   fallback, 32k), on a mixed English/code/multilingual text; and
+//!   `gguf-<name>`: llama.cpp's vocabularies from the sdist
+//!   (`ggml-vocab-llama-spm`, `-llama-bpe`, `-qwen2`) through the agent's
+//!   GGUF tokenizer (what llama-server's requests are counted with);
 //! - `cpu_ms_per_1k.<2k|32k>.<cached|uncached>`: CPU per 1,000 streamed
 //!   chat requests counted as the agent counts them (`worker::run`: the
 //!   body parsed, the chat template rendered, the prompt encoded, the
@@ -27,6 +30,7 @@ use std::{
 use serde_json::{json, Value};
 use tokentap::{
     tokenize::{
+        gguf::GgufVocab,
         worker::{self, Job, Worker},
         HfFiles, Tokenizer,
     },
@@ -48,6 +52,10 @@ fn tokenizer(peers: &Path, name: &str, template: Option<&str>) -> Tokenizer {
     })
     .expect("tokenizer builds")
 }
+
+/// The GGUF vocabularies measured: SentencePiece (Llama 2), and BPE with
+/// the llama3 and qwen2 pre-tokenizers.
+pub const GGUF: [&str; 3] = ["llama-spm", "llama-bpe", "qwen2"];
 
 /// Tokens per second of CPU encoding `TEXT` repeated (about 20 kB a call).
 fn tokens_per_s(tok: &Tokenizer, secs: f64) -> f64 {
@@ -124,6 +132,22 @@ fn main() {
         let tok = tokenizer(peers, name, None);
         out.insert(
             format!("tokens_per_s.{name}"),
+            json!(tokens_per_s(&tok, secs)),
+        );
+    }
+    // llama.cpp's GGUF vocabularies, as llama-server's tokenizer.
+    let models = tokentap_tests::peers::Peers {
+        dir: peers.to_path_buf(),
+    }
+    .sdist()
+    .join("vendor/llama.cpp/models");
+    for name in GGUF {
+        let bytes = std::fs::read(models.join(format!("ggml-vocab-{name}.gguf")))
+            .expect("the sdist's vocabularies (cargo xtask peers)");
+        let vocab = GgufVocab::from_gguf(&bytes).expect("vocabulary builds");
+        let tok = Tokenizer::from_gguf(vocab, None).expect("tokenizer builds");
+        out.insert(
+            format!("tokens_per_s.gguf-{name}"),
             json!(tokens_per_s(&tok, secs)),
         );
     }
