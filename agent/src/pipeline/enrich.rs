@@ -23,16 +23,14 @@ impl Enricher for EngineName {
     fn enrich(&mut self, r: &mut RequestRecord, node: &NodeState) {
         if r.provider.is_none() {
             r.provider = node
-                .processes
-                .get(&r.pid)
+                .process(r.pid)
                 .and_then(|p| p.engine)
                 .map(|e| e.name().to_string());
         }
         // A joined gateway (the decoder knows its pid): its process name.
         if let Some(g) = r.gateway_pid {
             r.gateway = Some(
-                node.processes
-                    .get(&g)
+                node.process(g)
                     .and_then(|p| p.name.clone())
                     .unwrap_or_else(|| format!("pid {g}")),
             );
@@ -46,11 +44,7 @@ pub struct Container;
 
 impl Enricher for Container {
     fn enrich(&mut self, r: &mut RequestRecord, node: &NodeState) {
-        if let Some(c) = node
-            .processes
-            .get(&r.pid)
-            .and_then(|p| p.container.as_ref())
-        {
+        if let Some(c) = node.process(r.pid).and_then(|p| p.container.as_ref()) {
             r.container_id = Some(c.id.clone());
             r.k8s_pod_uid = c.pod_uid.clone();
         }
@@ -66,7 +60,7 @@ pub struct ModelVersion;
 
 impl Enricher for ModelVersion {
     fn enrich(&mut self, r: &mut RequestRecord, node: &NodeState) {
-        let p = node.processes.get(&r.pid);
+        let p = node.process(r.pid);
         r.model_version = p.and_then(|p| p.model_version.clone());
         // The engine's build and serving configuration: versioned apart
         // from the model, learnt the same way (once per process).
@@ -173,5 +167,36 @@ mod tests {
         let mut r = rec(9, None);
         ModelVersion.enrich(&mut r, &node);
         assert_eq!(r.model_version, None, "unknown process");
+    }
+
+    /// An engine's last requests, read from the ring after the tick that
+    /// saw it exit, keep its facts; a few ticks later they are gone.
+    #[test]
+    fn an_exited_engines_last_records_keep_its_facts_a_few_ticks() {
+        let mut node = NodeState::default();
+        node.processes.insert(
+            7,
+            ProcessInfo {
+                engine: Some(crate::engines::Engine::LlamaCpp),
+                model_version: Some("0123456789ab".into()),
+                listen_ports: vec![8080],
+                ..Default::default()
+            },
+        );
+        node.depart(7);
+        assert!(node.serving_pids().is_empty(), "not serving once gone");
+        for _ in 0..crate::stage::DEPARTED_TICKS - 1 {
+            node.age_departed();
+            let mut r = rec(7, None);
+            EngineName.enrich(&mut r, &node);
+            ModelVersion.enrich(&mut r, &node);
+            assert_eq!(r.provider.as_deref(), Some("llama.cpp"));
+            assert_eq!(r.model_version.as_deref(), Some("0123456789ab"));
+        }
+        node.age_departed();
+        let mut r = rec(7, None);
+        ModelVersion.enrich(&mut r, &node);
+        assert_eq!(r.model_version, None, "forgotten");
+        assert!(node.departed.is_empty());
     }
 }

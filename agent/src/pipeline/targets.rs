@@ -546,6 +546,7 @@ impl Task for Targeter {
             return Ok(());
         };
         self.facts.borrow_mut().drain(cx.node);
+        cx.node.age_departed();
         let before = self.alive.clone();
         self.on_proc_events(cx.proc_events, cap, cx.node);
         self.check_watched(cap, cx.node, cx.events)?;
@@ -558,7 +559,7 @@ impl Task for Targeter {
         // reported at all when the agent stops first.
         for gone in before.difference(&now) {
             if !self.proc_root.join(gone.to_string()).exists() {
-                cx.node.processes.remove(gone);
+                cx.node.depart(*gone);
                 cx.node.forwarding.remove(gone);
                 cx.node.gateways.remove(gone);
             }

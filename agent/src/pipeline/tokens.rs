@@ -134,11 +134,7 @@ impl TokensStage {
         if !(set_input || set_output || check) {
             return Some(f);
         }
-        let Some(tok) = node
-            .processes
-            .get(&r.pid)
-            .and_then(|p| p.tokenizer.as_ref())
-        else {
+        let Some(tok) = node.process(r.pid).and_then(|p| p.tokenizer.as_ref()) else {
             return Some(f);
         };
         let want_input = set_input || (check && r.input_tokens.is_some());

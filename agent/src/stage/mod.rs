@@ -67,6 +67,12 @@ pub struct Tick<'a> {
 #[derive(Default, Debug)]
 pub struct NodeState {
     pub processes: HashMap<u32, ProcessInfo>,
+    /// Processes that exited, kept for [`DEPARTED_TICKS`] ticks: the
+    /// records the pipeline finishes after the tick that saw the exit
+    /// (its last requests, read from the ring a moment later) still get
+    /// their process's facts ([`NodeState::process`]); nothing else sees
+    /// them (not serving, no GPU, no engine metrics).
+    pub departed: HashMap<u32, Departed>,
     /// GPU samples (with the /proc facts the join needs) not yet taken by
     /// the pipeline's GPU stage.
     pub gpu_samples: Vec<(GpuSample, ProcSnapshot)>,
@@ -82,7 +88,47 @@ pub struct NodeState {
     pub gateways: std::collections::HashSet<u32>,
 }
 
+/// Ticks an exited process's facts stay readable for its last records.
+pub const DEPARTED_TICKS: u8 = 3;
+
+/// An exited process's facts ([`NodeState::departed`]).
+#[derive(Clone, Debug)]
+pub struct Departed {
+    pub info: ProcessInfo,
+    pub ticks_left: u8,
+}
+
 impl NodeState {
+    /// The facts of the process a record came from: a live target's, or
+    /// one that exited moments ago.
+    pub fn process(&self, pid: u32) -> Option<&ProcessInfo> {
+        self.processes
+            .get(&pid)
+            .or_else(|| self.departed.get(&pid).map(|d| &d.info))
+    }
+
+    /// Forgets process `pid` (it exited), keeping its facts for its last
+    /// records a few ticks.
+    pub fn depart(&mut self, pid: u32) {
+        if let Some(info) = self.processes.remove(&pid) {
+            self.departed.insert(
+                pid,
+                Departed {
+                    info,
+                    ticks_left: DEPARTED_TICKS,
+                },
+            );
+        }
+    }
+
+    /// A tick passed: departed facts age, the oldest go.
+    pub fn age_departed(&mut self) {
+        self.departed.retain(|_, d| {
+            d.ticks_left = d.ticks_left.saturating_sub(1);
+            d.ticks_left > 0
+        });
+    }
+
     /// Adds the targets the decoder found forwarding. A process found
     /// forwarding stays a gateway while it lives, though the decoder forgets
     /// it once its upstream connections are long closed (an engine restart
