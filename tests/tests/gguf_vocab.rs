@@ -201,3 +201,62 @@ fn gguf_header_truncations_are_refused_without_panic() {
         }
     }
 }
+
+/// How the agent loads a llama-server's tokenizer from its model file
+/// (`identity::tokenizer::Loader::load_gguf`, through the engine's root):
+/// only as much of the file as its metadata needs — a small vocabulary
+/// from the first 4 MiB, gemma-4's 15.8 MB one after reading further —
+/// and one file read once for every engine serving it.
+#[test]
+#[ignore = "needs the real peers (cargo xtask test installs them as root and runs it)"]
+fn the_agent_loads_a_gguf_tokenizer_through_the_engines_root() {
+    use tokentap::host::rootfs::Root;
+    use tokentap::identity::tokenizer::{Loader, State, Wanted};
+    let dir = models_dir();
+    let root = Root::at(&dir).unwrap();
+    let mut loader = Loader::default();
+    for name in ["llama-spm", "gemma-4"] {
+        let file = std::path::PathBuf::from(format!("/ggml-vocab-{name}.gguf"));
+        let f = loader.load_gguf(&root, &file, &Wanted::default(), None);
+        assert_eq!(f.state, State::Loaded, "{name}: {}", f.detail);
+        let t = f.tokenizer.unwrap();
+        let direct = GgufVocab::from_gguf(
+            &std::fs::read(dir.join(&file.strip_prefix("/").unwrap())).unwrap(),
+        )
+        .unwrap()
+        .encode("Hello world, héllo wörld!", true, true)
+        .unwrap();
+        assert_eq!(
+            t.encode_ids("Hello world, héllo wörld!", true).unwrap(),
+            direct,
+            "{name}"
+        );
+        // A second engine on the same file shares it.
+        let again = loader.load_gguf(&root, &file, &Wanted::default(), None);
+        assert!(std::sync::Arc::ptr_eq(
+            &t,
+            again.tokenizer.as_ref().unwrap()
+        ));
+        assert!(again.detail.ends_with("(shared)"), "{}", again.detail);
+    }
+    // Not a GGUF file: said, never a panic.
+    let f = loader.load_gguf(
+        &root,
+        std::path::Path::new("/ggml-vocab-llama-spm.gguf.inp"),
+        &Wanted::default(),
+        None,
+    );
+    assert_eq!(f.state, State::Invalid, "{}", f.detail);
+    // A built-in template's name is not rendered here.
+    let w = Wanted {
+        chat_template: Some("inline:llama3".into()),
+        ..Wanted::default()
+    };
+    let f = loader.load_gguf(
+        &root,
+        std::path::Path::new("/ggml-vocab-llama-spm.gguf"),
+        &w,
+        None,
+    );
+    assert_eq!(f.state, State::Unsupported, "{}", f.detail);
+}

@@ -363,12 +363,20 @@ impl Loader {
                 detail: format!("{named} (shared)"),
             };
         }
-        let head = match root.read_head(file, MAX_GGUF_HEAD) {
-            Ok((b, _)) => b,
-            Err(e) => return Found::not(State::Invalid, format!("{}: {e}", file.display())),
+        // The metadata's size is not known before it is parsed: 4 MiB
+        // holds most vocabularies, larger ones are read again up to the
+        // bound (a model's gigabytes of tensors never are).
+        let mut want = 4 << 20;
+        let built = loop {
+            let (head, m) = match root.read_head(file, want) {
+                Ok(h) => h,
+                Err(e) => return Found::not(State::Invalid, format!("{}: {e}", file.display())),
+            };
+            match gguf::GgufVocab::from_gguf(&head) {
+                Err(_) if want < MAX_GGUF_HEAD && (head.len() as u64) < m.len() => want *= 4,
+                v => break v.and_then(|v| Tokenizer::from_gguf(v, template.as_deref())),
+            }
         };
-        let built = gguf::GgufVocab::from_gguf(&head)
-            .and_then(|v| Tokenizer::from_gguf(v, template.as_deref()));
         match built {
             Ok(t) => Found {
                 state: State::Loaded,

@@ -332,11 +332,6 @@ impl Tokenizer {
         }
     }
 
-    /// Whether this is a GGUF vocabulary (llama.cpp's rules).
-    pub fn is_gguf(&self) -> bool {
-        matches!(self.backend, Backend::Gguf(_))
-    }
-
     /// Turns the prefix cache off (`false`) or back on (the benchmark
     /// compares the two).
     pub fn set_prefix_cache(&mut self, on: bool) {
