@@ -29,6 +29,7 @@ pub mod config;
 pub mod drift;
 pub mod engines;
 pub mod gpu;
+pub mod shifts;
 #[cfg(test)]
 mod tests;
 
