@@ -221,7 +221,7 @@ fn the_agent_loads_a_gguf_tokenizer_through_the_engines_root() {
         assert_eq!(f.state, State::Loaded, "{name}: {}", f.detail);
         let t = f.tokenizer.unwrap();
         let direct = GgufVocab::from_gguf(
-            &std::fs::read(dir.join(&file.strip_prefix("/").unwrap())).unwrap(),
+            &std::fs::read(dir.join(file.strip_prefix("/").unwrap())).unwrap(),
         )
         .unwrap()
         .encode("Hello world, héllo wörld!", true, true)
