@@ -148,6 +148,28 @@ pub mod kind {
             "window_p95", "p50_ratio", "p95_ratio", "ks_distance", "baseline_requests",
             "window_requests",
         ];
+        LATENCY_SHIFT = "latency.shift", Records, [
+            "metric", "gen_ai.provider.name", "gen_ai.request.model", "tokentap.model.version",
+            "direction", "before", "after", "since", "window_s", "stage", "stages", "cause",
+            "causes", "cause_event", "cause_event_ts", "tokentap.tenant", "tokentap.caller",
+            "tokentap.request.type", "moved", "steady",
+        ];
+        ERRORS_SHIFT = "errors.shift", Records, [
+            "metric", "error.class", "gen_ai.provider.name", "gen_ai.request.model",
+            "tokentap.model.version", "direction", "before", "after", "since", "window_s",
+            "cause", "causes", "cause_event", "cause_event_ts", "tokentap.tenant",
+            "tokentap.caller", "tokentap.request.type", "moved", "steady",
+        ];
+        TOKENS_SHIFT = "tokens.shift", Records, [
+            "metric", "gen_ai.provider.name", "gen_ai.request.model", "tokentap.model.version",
+            "direction", "before", "after", "since", "window_s", "cause", "causes",
+            "cause_event", "cause_event_ts", "tokentap.tenant", "tokentap.caller",
+            "tokentap.request.type", "moved", "steady",
+        ];
+        CHANGE_IMPACT = "change.impact", Records, [
+            "gen_ai.provider.name", "gen_ai.request.model", "tokentap.model.version", "change",
+            "change_ts", "verdict", "regressed", "improved", "before", "after", "window_s",
+        ];
         GPU_THROTTLE_START = "gpu.throttle.start", GpuSamples, [
             "gpu.uuid", "gpu.index", "gpu.name", "engines", "reasons", "sm_clock_mhz",
             "temperature_c", "power_w", "gpu_utilization",
@@ -191,6 +213,9 @@ pub trait Detector: Send {
     fn gpu_sample(&mut self, _s: &GpuSample, _node: &NodeState, _out: &mut Vec<Event>) {}
     /// End of input: judge what is still open.
     fn finish(&mut self, _out: &mut Vec<Event>) {}
+    /// An event another detector made (for the same input, before this
+    /// detector's own call when it comes later in the list).
+    fn observe(&mut self, _e: &Event) {}
 }
 
 /// What a detector is told with a record besides the record.

@@ -81,6 +81,32 @@ pub struct Config {
     /// `events.folded` event when the minute ends, and in
     /// `tokentap.events.folded`.
     pub max_events_per_minute: u32,
+    /// `latency.shift`, `errors.shift`, `tokens.shift`: length of a
+    /// served model's window, seconds (its own, not `window_s`).
+    pub shift_window_s: f64,
+    /// Requests a window needs to be judged (or be a baseline).
+    pub shift_min_requests: u32,
+    /// A latency's or token count's p50 or p95 that moved by at least this
+    /// factor, up or down (and by its floor: 5 ms for TTFT and duration,
+    /// 1 ms for TPOT, 8 tokens) …
+    pub shift_ratio: f64,
+    /// … in this many consecutive windows is a shift (said once; over
+    /// when as many windows are back within half the threshold).
+    pub shift_hold_windows: u32,
+    /// Normal windows pooled into the baseline (and windows at a new
+    /// level before it becomes the baseline).
+    pub shift_baseline_windows: u32,
+    /// An error class's rate at least this far above the baseline's
+    /// (and twice it) …
+    pub shift_error_rate: f64,
+    /// … with at least this many errors in the window.
+    pub shift_error_min: u32,
+    /// A change (model version, engine version/config/image, restart) or
+    /// traffic/resource event up to this long before a shift's first
+    /// window is one of its causes, seconds.
+    pub shift_lookback_s: f64,
+    /// `change.impact`: windows served after a change before its verdict.
+    pub impact_windows: u32,
 }
 
 impl Default for Config {
@@ -107,6 +133,15 @@ impl Default for Config {
             max_callers: 10_000,
             named_callers: 100,
             max_events_per_minute: 120,
+            shift_window_s: 60.0,
+            shift_min_requests: 30,
+            shift_ratio: 1.5,
+            shift_hold_windows: 2,
+            shift_baseline_windows: 10,
+            shift_error_rate: 0.05,
+            shift_error_min: 5,
+            shift_lookback_s: 600.0,
+            impact_windows: 3,
         }
     }
 }
@@ -202,7 +237,60 @@ impl Config {
         if self.max_callers == 0 {
             bail!("[{CONFIG_KEY}] max_callers = 0: must be at least 1");
         }
+        if !(self.shift_window_s.is_finite() && self.shift_window_s > 0.0) {
+            bail!(
+                "[{CONFIG_KEY}] shift_window_s = {}: must be a number above 0",
+                self.shift_window_s
+            );
+        }
+        if !(self.shift_ratio.is_finite() && self.shift_ratio > 1.0) {
+            bail!(
+                "[{CONFIG_KEY}] shift_ratio = {}: must be above 1 (a factor up or down)",
+                self.shift_ratio
+            );
+        }
+        if !(self.shift_error_rate > 0.0 && self.shift_error_rate <= 1.0) {
+            bail!(
+                "[{CONFIG_KEY}] shift_error_rate = {}: must be above 0 and at most 1",
+                self.shift_error_rate
+            );
+        }
+        if !(self.shift_lookback_s.is_finite() && self.shift_lookback_s >= 0.0) {
+            bail!(
+                "[{CONFIG_KEY}] shift_lookback_s = {}: must be 0 or more",
+                self.shift_lookback_s
+            );
+        }
+        for (k, v) in [
+            ("shift_min_requests", self.shift_min_requests),
+            ("shift_hold_windows", self.shift_hold_windows),
+            ("shift_error_min", self.shift_error_min),
+            ("impact_windows", self.impact_windows),
+        ] {
+            if v == 0 {
+                bail!("[{CONFIG_KEY}] {k} = 0: must be at least 1");
+            }
+        }
+        if self.shift_baseline_windows < 2 {
+            bail!(
+                "[{CONFIG_KEY}] shift_baseline_windows = {}: must be at least 2",
+                self.shift_baseline_windows
+            );
+        }
         Ok(())
+    }
+
+    /// The shift detector's thresholds.
+    pub fn shift_settings(&self) -> super::shifts::Settings {
+        super::shifts::Settings {
+            window_s: self.shift_window_s,
+            min_requests: self.shift_min_requests,
+            ratio: self.shift_ratio,
+            hold_windows: self.shift_hold_windows,
+            baseline_windows: self.shift_baseline_windows,
+            error_rate: self.shift_error_rate,
+            error_min: self.shift_error_min,
+        }
     }
 
     pub(crate) fn window_ns(&self) -> u64 {
@@ -238,5 +326,11 @@ mod tests {
         assert!(format!("{e:#}").contains("retry_storm_min = 0"), "{e:#}");
         let e = Config::parse("[events]\nwindow_s = \"1m\"\n").unwrap_err();
         assert!(format!("{e:#}").contains("window_s"), "{e:#}");
+        let e = Config::parse("[events]\nshift_ratio = 1\n").unwrap_err();
+        assert!(format!("{e:#}").contains("shift_ratio = 1"), "{e:#}");
+        let e = Config::parse("[events]\nshift_baseline_windows = 1\n").unwrap_err();
+        assert!(format!("{e:#}").contains("shift_baseline_windows"), "{e:#}");
+        let e = Config::parse("[events]\nimpact_windows = 0\n").unwrap_err();
+        assert!(format!("{e:#}").contains("impact_windows = 0"), "{e:#}");
     }
 }

@@ -24,6 +24,7 @@
 //! Must not: keep prompt or completion text (a request body is only ever a
 //! keyed hash, `Finished::prompt_fp`), or block the pipeline.
 
+pub mod answers;
 pub mod callers;
 pub mod config;
 pub mod drift;
@@ -162,6 +163,8 @@ fn detectors(cfg: &Config) -> Vec<Box<dyn Detector>> {
         Box::new(callers::Callers::new(cfg)),
         Box::new(drift::Drift::new(cfg)),
         Box::new(gpu::Gpus::new(cfg)),
+        // Last: it observes what the others made for the same input.
+        Box::new(answers::Answers::new(cfg)),
     ]
 }
 
@@ -268,12 +271,19 @@ impl Timeline {
         out: &mut Vec<Event>,
         mut call: impl FnMut(&mut dyn Detector, &mut Vec<Event>),
     ) {
-        for d in self.detectors.iter_mut() {
+        for i in 0..self.detectors.len() {
             let from = out.len();
-            call(d.as_mut(), out);
+            call(self.detectors[i].as_mut(), out);
             if cfg!(debug_assertions) {
                 for e in &out[from..] {
-                    check_declared(e, d.kinds());
+                    check_declared(e, self.detectors[i].kinds());
+                }
+            }
+            for (j, d) in self.detectors.iter_mut().enumerate() {
+                if j != i {
+                    for e in &out[from..] {
+                        d.observe(e);
+                    }
                 }
             }
         }

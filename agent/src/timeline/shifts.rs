@@ -39,7 +39,7 @@
 //! ([`MAX_VALUES`] values per series, [`MAX_KEYS`] subjects and request
 //! types per window, [`MAX_GROUPS`] groups).
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use crate::record::RequestRecord;
 use crate::vocab::ErrorType;
@@ -286,8 +286,11 @@ pub struct Obs {
     pub engine: String,
     pub model: String,
     pub model_version: Option<String>,
-    /// Its tenant, else its caller.
+    pub pid: u32,
+    /// Its tenant, else its caller …
     pub subject: Option<String>,
+    /// … a tenant.
+    pub subject_tenant: bool,
     pub request_type: Option<String>,
     pub end_ns: u64,
     pub metrics: [Option<f64>; 5],
@@ -296,8 +299,9 @@ pub struct Obs {
 }
 
 impl Obs {
-    /// What a finished record says (`subject`: its tenant, else caller).
-    pub fn of(r: &RequestRecord, end_ns: u64, subject: Option<&str>) -> Obs {
+    /// What a finished record says (`subject`: its tenant, else caller,
+    /// and whether it is a tenant).
+    pub fn of(r: &RequestRecord, end_ns: u64, subject: Option<(&str, bool)>) -> Obs {
         let mut metrics = [None; 5];
         let ok = r.error_type.is_none();
         // Latencies of answered requests only: a failure's time is the
@@ -323,7 +327,9 @@ impl Obs {
                 .or_else(|| r.request_model.clone())
                 .unwrap_or_else(|| "unknown".into()),
             model_version: r.model_version.clone(),
-            subject: subject.map(str::to_string),
+            pid: r.pid,
+            subject: subject.map(|(s, _)| s.to_string()),
+            subject_tenant: subject.is_some_and(|(_, t)| t),
             request_type: r.request_type.clone(),
             end_ns,
             metrics,
@@ -370,6 +376,9 @@ impl Values {
 #[derive(Clone, Debug, Default)]
 struct KeyStats {
     n: u32,
+    /// A tenant (subjects only).
+    tenant: bool,
+    errors: [u32; 4],
     input_sum: f64,
     /// The metrics' values (thinned), for their own medians.
     metrics: [Values; 5],
@@ -385,6 +394,8 @@ struct Window {
     errors: [u32; 4],
     subjects: BTreeMap<String, KeyStats>,
     types: BTreeMap<String, KeyStats>,
+    /// The engine processes that served it (at most [`MAX_KEYS`]).
+    pids: BTreeSet<u32>,
     /// What this window is no baseline for (a [`Judged::bit`] each).
     excluded: u16,
     model_version: Option<String>,
@@ -406,9 +417,12 @@ impl Window {
         if let Some(c) = o.error {
             self.errors[c.index()] += 1;
         }
-        for (map, key) in [
-            (&mut self.subjects, o.subject.as_deref()),
-            (&mut self.types, o.request_type.as_deref()),
+        if self.pids.len() < MAX_KEYS {
+            self.pids.insert(o.pid);
+        }
+        for (map, key, tenant) in [
+            (&mut self.subjects, o.subject.as_deref(), o.subject_tenant),
+            (&mut self.types, o.request_type.as_deref(), false),
         ] {
             let key = key.unwrap_or("unknown");
             let key = if map.contains_key(key) || map.len() < MAX_KEYS {
@@ -418,6 +432,10 @@ impl Window {
             };
             let k = map.entry(key.to_string()).or_default();
             k.n += 1;
+            k.tenant = tenant && key != OTHER;
+            if let Some(c) = o.error {
+                k.errors[c.index()] += 1;
+            }
             k.input_sum += o.metrics[Metric::InputTokens.index()].unwrap_or(0.0);
             for (i, m) in o.metrics.iter().enumerate() {
                 if let Some(x) = m.filter(|x| x.is_finite()) {
@@ -497,6 +515,9 @@ pub struct Spread {
     pub input_grew: Option<(String, f64, f64)>,
     /// Keys seen only after (new traffic).
     pub new: Vec<String>,
+    /// The keys above that are tenants (else callers; request types are
+    /// neither).
+    pub tenants: BTreeSet<String>,
 }
 
 /// A shift, with its evidence.
@@ -505,6 +526,8 @@ pub struct Finding {
     pub engine: String,
     pub model: String,
     pub model_version: Option<String>,
+    /// The engine processes that served the windows that moved.
+    pub pids: Vec<u32>,
     pub judged: Judged,
     /// +1 up, −1 down.
     pub direction: i8,
@@ -513,6 +536,9 @@ pub struct Finding {
     /// The first window that moved, and the end of the window that made
     /// it a shift (ns).
     pub since_ns: u64,
+    /// The start of the baseline's first window (ns): a change before it
+    /// is in the baseline already.
+    pub baseline_from_ns: u64,
     pub at_ns: u64,
     /// The stages of a latency's time, the one that moved most first.
     pub stages: Vec<StageMove>,
@@ -746,6 +772,140 @@ impl Shifts {
     }
 }
 
+/// Before and after a change, for `change.impact`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Impact {
+    pub engine: String,
+    pub model: String,
+    pub model_version: Option<String>,
+    pub before: Sides,
+    pub after: Sides,
+}
+
+/// Each metric's side, and the error rate (every class).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Sides {
+    pub requests: u64,
+    pub seconds: f64,
+    pub metrics: BTreeMap<Metric, (f64, f64)>,
+    pub error_rate: f64,
+}
+
+impl Shifts {
+    /// What changed at `at_ns` for the groups `matches` names (engine,
+    /// model, the pids that served it): the windows that ended before it
+    /// against the `after` windows that started after it (the one it fell
+    /// in is neither), each with at least `min_requests` requests; None
+    /// until `after` such windows closed (or with no window before).
+    pub fn impact(
+        &self,
+        at_ns: u64,
+        after: usize,
+        matches: impl Fn(&str, &str, &BTreeSet<u32>) -> bool,
+    ) -> Vec<Impact> {
+        let w = self.window_ns();
+        let mut out = Vec::new();
+        for ((engine, model), g) in &self.groups {
+            let pids: BTreeSet<u32> = g.past.iter().flat_map(|w| w.pids.iter().copied()).collect();
+            if !matches(engine, model, &pids) {
+                continue;
+            }
+            let full = |x: &&Window| x.n >= self.s.min_requests;
+            let before: Vec<&Window> = {
+                let mut v: Vec<&Window> = g
+                    .past
+                    .iter()
+                    .rev()
+                    .filter(|x| x.start_ns + w <= at_ns)
+                    .filter(full)
+                    .take(self.s.baseline_windows as usize)
+                    .collect();
+                v.reverse();
+                v
+            };
+            let later: Vec<&Window> = g
+                .past
+                .iter()
+                .filter(|x| x.start_ns >= at_ns)
+                .filter(full)
+                .take(after)
+                .collect();
+            if before.is_empty() || later.len() < after {
+                continue;
+            }
+            let sides = |ws: &[&Window]| -> Sides {
+                let requests: u64 = ws.iter().map(|x| x.n as u64).sum();
+                let errors: u64 = ws.iter().map(|x| x.errors.iter().sum::<u32>() as u64).sum();
+                Sides {
+                    requests,
+                    seconds: ws.len() as f64 * self.s.window_s,
+                    metrics: Metric::ALL
+                        .iter()
+                        .filter_map(|&m| {
+                            p50_p95(&pooled(ws, |x| &x.metrics[m.index()])).map(|q| (m, q))
+                        })
+                        .collect(),
+                    error_rate: errors as f64 / requests.max(1) as f64,
+                }
+            };
+            out.push(Impact {
+                engine: engine.clone(),
+                model: model.clone(),
+                model_version: later.last().and_then(|x| x.model_version.clone()),
+                before: sides(&before),
+                after: sides(&later),
+            });
+        }
+        out.sort_by(|a, b| (&a.engine, &a.model).cmp(&(&b.engine, &b.model)));
+        out
+    }
+}
+
+impl Impact {
+    /// `regressed`, `improved` or `no_change`, and the metrics that moved
+    /// each way: a latency's p50 or p95 by the shift ratio and floor, the
+    /// error rate by `error_rate` (tokens are reported, not judged).
+    pub fn verdict(&self, s: &Settings) -> (&'static str, Vec<String>, Vec<String>) {
+        let (mut worse, mut better) = (Vec::new(), Vec::new());
+        for m in [Metric::Ttft, Metric::Tpot, Metric::Duration] {
+            let (Some(&(b50, b95)), Some(&(a50, a95))) =
+                (self.before.metrics.get(&m), self.after.metrics.get(&m))
+            else {
+                continue;
+            };
+            let dir = |b: f64, a: f64| -> i8 {
+                if a >= b * s.ratio && a - b >= m.floor() {
+                    1
+                } else if a * s.ratio <= b && b - a >= m.floor() {
+                    -1
+                } else {
+                    0
+                }
+            };
+            let d = [dir(b50, a50), dir(b95, a95)];
+            if d.contains(&1) {
+                worse.push(m.name().to_string());
+            } else if d.contains(&-1) {
+                better.push(m.name().to_string());
+            }
+        }
+        let (eb, ea) = (self.before.error_rate, self.after.error_rate);
+        if ea - eb >= s.error_rate {
+            worse.push("error_rate".into());
+        } else if eb - ea >= s.error_rate {
+            better.push("error_rate".into());
+        }
+        let verdict = if !worse.is_empty() {
+            "regressed"
+        } else if !better.is_empty() {
+            "improved"
+        } else {
+            "no_change"
+        };
+        (verdict, worse, better)
+    }
+}
+
 /// Keeps a closed window: the baseline pool holds `baseline_windows`
 /// windows usable for each series, and the moved windows besides, at most
 /// twice that in all.
@@ -914,11 +1074,18 @@ fn finding(
         engine: key.0.clone(),
         model: key.1.clone(),
         model_version: win.model_version.clone(),
+        pids: moved
+            .iter()
+            .flat_map(|w| w.pids.iter().copied())
+            .collect::<BTreeSet<u32>>()
+            .into_iter()
+            .collect(),
         judged: j,
         direction: dir,
         before,
         after,
         since_ns,
+        baseline_from_ns: base.first().map_or(since_ns, |w| w.start_ns),
         at_ns: win.start_ns + (window_s * 1e9) as u64,
         stages,
         subjects: spread(s, &base, &moved, j, |w| &w.subjects),
@@ -937,6 +1104,7 @@ fn spread(
     #[derive(Default)]
     struct Agg {
         n: u64,
+        errors: u64,
         input: f64,
         v: Vec<f32>,
     }
@@ -947,6 +1115,9 @@ fn spread(
             for (k, st) in keys(w) {
                 let a = m.entry(k.clone()).or_default();
                 a.n += st.n as u64;
+                if let Judged::Errors(c) = j {
+                    a.errors += st.errors[c.index()] as u64;
+                }
                 a.input += st.input_sum;
                 total += st.n as u64;
                 if let Judged::Metric(me) = j {
@@ -959,6 +1130,13 @@ fn spread(
     let (b, bt) = agg(base);
     let (a, at) = agg(moved);
     let mut out = Spread::default();
+    for w in base.iter().chain(moved) {
+        for (k, st) in keys(w) {
+            if st.tenant {
+                out.tenants.insert(k.clone());
+            }
+        }
+    }
     let enough = 5;
     let mut moved_keys: Vec<(f64, String)> = Vec::new();
     if let Judged::Metric(m) = j {
@@ -974,6 +1152,24 @@ fn spread(
             let past = (a50 - b50).abs() >= m.floor() && (r >= s.ratio || r <= 1.0 / s.ratio);
             if past {
                 moved_keys.push((r.max(1.0 / r), k.clone()));
+            } else {
+                out.steady.push(k.clone());
+            }
+        }
+    }
+    if let Judged::Errors(_) = j {
+        // A key's own error rate rose past the threshold (a key new
+        // since counts from 0).
+        for (k, ak) in &a {
+            if (ak.n as usize) < enough {
+                continue;
+            }
+            let rb = b
+                .get(k)
+                .map_or(0.0, |bk| bk.errors as f64 / bk.n.max(1) as f64);
+            let ra = ak.errors as f64 / ak.n as f64;
+            if ra - rb >= s.error_rate && ak.errors >= s.error_min as u64 {
+                moved_keys.push((ra - rb, k.clone()));
             } else {
                 out.steady.push(k.clone());
             }
@@ -1028,7 +1224,9 @@ mod tests {
             engine: "llama.cpp".into(),
             model: "m".into(),
             model_version: Some("v1".into()),
+            pid: 42,
             subject: Some(subject.into()),
+            subject_tenant: true,
             request_type: Some("chat".into()),
             end_ns: (end_s * 1e9) as u64,
             ..Obs::default()
@@ -1239,6 +1437,8 @@ mod tests {
         let f = f[0];
         assert_eq!(f.judged.kind(), "errors.shift");
         assert!(f.before.p50 < 0.01 && f.after.p50 > 0.3, "{f:#?}");
+        assert_eq!(f.subjects.moved, vec!["c".to_string()], "{f:#?}");
+        assert!(f.subjects.tenants.contains("c"));
         // No other series moved: the failed requests' latency is not
         // judged, and their share of traffic is unchanged.
         assert!(

@@ -282,9 +282,23 @@ fn a_surge_names_its_tenant_with_the_ttft_rise_and_nobody_else() {
         7,
     );
     let bad = anomalies(&ev);
-    assert_eq!(bad.len(), 1, "{bad:#?}");
+    assert_eq!(bad.len(), 2, "{bad:#?}");
     let e = bad[0];
     assert_eq!(e.kind, kind::CALLER_SURGE);
+    // The served model's TTFT shifted: one latency.shift, its cause the
+    // surge, naming the tenant.
+    let l = bad[1];
+    assert_eq!(l.kind, kind::LATENCY_SHIFT, "{l:#?}");
+    assert_eq!(l.attr("metric").unwrap(), "ttft");
+    assert_eq!(l.attr("cause").unwrap(), "traffic", "{l:#?}");
+    assert_eq!(l.attr("cause_event").unwrap(), kind::CALLER_SURGE);
+    assert_eq!(l.attr("tokentap.tenant").unwrap(), "chatbot", "{l:#?}");
+    assert_eq!(l.attr("direction").unwrap(), "up");
+    let (b, a) = (
+        &l.attr("before").unwrap()["p95"],
+        &l.attr("after").unwrap()["p95"],
+    );
+    assert!(a.as_f64().unwrap() > 2.0 * b.as_f64().unwrap(), "{l:#?}");
     assert_eq!(e.attr("tokentap.tenant").unwrap(), "chatbot");
     let p95 = e.attr("ttft_p95_s").unwrap().as_f64().unwrap();
     let base = e.attr("baseline_ttft_p95_s").unwrap().as_f64().unwrap();
@@ -307,10 +321,24 @@ fn a_permission_change_is_an_error_burst_of_its_kind() {
         11,
     );
     let bad = anomalies(&ev);
-    assert_eq!(bad.len(), 1, "{bad:#?}");
+    assert_eq!(bad.len(), 2, "{bad:#?}");
     assert_eq!(bad[0].kind, kind::CALLER_ERROR_BURST);
     assert_eq!(bad[0].attr("tokentap.tenant").unwrap(), "batch-summaries");
     assert_eq!(bad[0].attr("error.type").unwrap(), "http_401_403");
+    // The served model's auth errors shifted, in that tenant's requests
+    // only.
+    let e = bad[1];
+    assert_eq!(e.kind, kind::ERRORS_SHIFT, "{e:#?}");
+    assert_eq!(e.attr("error.class").unwrap(), "auth");
+    assert_eq!(
+        e.attr("tokentap.tenant").unwrap(),
+        "batch-summaries",
+        "{e:#?}"
+    );
+    assert_eq!(
+        e.attr("moved").unwrap(),
+        &serde_json::json!(["batch-summaries"])
+    );
 }
 
 #[test]
