@@ -2,7 +2,7 @@
 
 use std::{path::PathBuf, process::ExitCode, time::Duration};
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use tokentap::{
     capfile::Writer,
@@ -77,6 +77,14 @@ enum Cmd {
     ///
     /// Malformed lines are reported with their line number and skipped.
     Replay(ReplayArgs),
+    /// Say what moved a served model's latency, errors and tokens: the
+    /// chain of evidence per engine and model from an events log (and a
+    /// requests log) — changes, shifts with their causes, each change's
+    /// impact, the callers involved, the numbers per model version.
+    ///
+    /// Example: tokentap explain --events events.jsonl --requests
+    /// requests.jsonl --since 2026-12-07T08:00:00Z --engine vllm
+    Explain(ExplainArgs),
     /// Sample the GPUs through NVML for a while and print what tokentap
     /// sees: per device utilisation, memory, power, energy per pass, the
     /// processes on it; with --pid, which GPUs that process tree uses.
@@ -115,6 +123,69 @@ struct CaptureArgs {
     duration: Option<f64>,
     #[command(flatten)]
     kernel: KernelFlags,
+}
+
+#[derive(Args)]
+struct ExplainArgs {
+    /// The events log (`tokentap run --events-log`; "-" for stdin).
+    #[arg(long, value_name = "FILE")]
+    events: PathBuf,
+    /// The requests log (`--requests-log`; "-" for stdin): the numbers per
+    /// model version and the callers.
+    #[arg(long, value_name = "FILE")]
+    requests: Option<PathBuf>,
+    /// Only from this time on (RFC 3339, e.g. 2026-12-07T08:00:00Z).
+    #[arg(long, value_name = "TIME", value_parser = rfc3339_time)]
+    since: Option<std::time::SystemTime>,
+    /// Only up to this time (RFC 3339).
+    #[arg(long, value_name = "TIME", value_parser = rfc3339_time)]
+    until: Option<std::time::SystemTime>,
+    /// Only this engine (`gen_ai.provider.name`: vllm, llama.cpp, …).
+    #[arg(long, value_name = "ENGINE")]
+    engine: Option<String>,
+    /// Only this served model (`gen_ai.request.model`).
+    #[arg(long, value_name = "MODEL")]
+    model: Option<String>,
+    /// One JSON object (groups, their events, versions, callers, answers)
+    /// instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+fn rfc3339_time(s: &str) -> Result<std::time::SystemTime, String> {
+    humantime::parse_rfc3339_weak(s.trim_end_matches('Z'))
+        .map_err(|e| format!("{s}: not an RFC 3339 time ({e}); e.g. 2026-12-07T08:00:00Z"))
+}
+
+fn explain(a: ExplainArgs) -> Result<()> {
+    use std::io::BufReader;
+    let open = |p: &PathBuf| -> Result<Box<dyn std::io::BufRead>> {
+        if p.as_os_str() == "-" {
+            Ok(Box::new(BufReader::new(std::io::stdin())))
+        } else {
+            let f =
+                std::fs::File::open(p).with_context(|| format!("cannot open {}", p.display()))?;
+            Ok(Box::new(BufReader::new(f)))
+        }
+    };
+    if a.events.as_os_str() == "-" && a.requests.as_ref().is_some_and(|r| r.as_os_str() == "-") {
+        bail!("--events and --requests cannot both be stdin (\"-\")");
+    }
+    let events = open(&a.events)?;
+    let requests = a.requests.as_ref().map(open).transpose()?;
+    let filter = tokentap::pipeline::explain::Filter {
+        since: a.since,
+        until: a.until,
+        engine: a.engine,
+        model: a.model,
+    };
+    let report = tokentap::pipeline::explain::explain(events, requests, &filter)?;
+    if a.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print!("{}", tokentap::pipeline::explain::render(&report));
+    }
+    Ok(())
 }
 
 #[derive(Args)]
@@ -211,6 +282,7 @@ fn main() -> ExitCode {
                 }
                 Err(e) => Err(e),
             },
+            Cmd::Explain(a) => explain(a),
             Cmd::GpuCheck {
                 secs,
                 interval,

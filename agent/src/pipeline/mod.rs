@@ -21,6 +21,7 @@
 
 pub mod config;
 pub mod enrich;
+pub mod explain;
 pub mod healthz;
 pub mod plan;
 pub mod run;
