@@ -153,7 +153,7 @@ struct ExplainArgs {
 }
 
 fn rfc3339_time(s: &str) -> Result<std::time::SystemTime, String> {
-    humantime::parse_rfc3339_weak(s.trim_end_matches('Z'))
+    tokentap::pipeline::explain::parse_time(s)
         .map_err(|e| format!("{s}: not an RFC 3339 time ({e}); e.g. 2026-12-07T08:00:00Z"))
 }
 

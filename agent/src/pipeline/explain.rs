@@ -13,9 +13,11 @@ use std::collections::BTreeMap;
 use std::io::BufRead;
 use std::time::SystemTime;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use serde::Serialize;
 use serde_json::Value;
+
+use crate::timeline::shifts::quantile;
 
 /// What to report on.
 #[derive(Clone, Debug, Default)]
@@ -98,13 +100,24 @@ struct VersionAcc {
     errors: u64,
     first: String,
     last: String,
-    ttft: Vec<f64>,
-    tpot: Vec<f64>,
-    input: Vec<f64>,
+    ttft: Vec<f32>,
+    tpot: Vec<f32>,
+    input: Vec<f32>,
+}
+
+/// An RFC 3339 time as the logs write it (and `--since` takes it).
+pub fn parse_time(ts: &str) -> Result<SystemTime, humantime::TimestampError> {
+    humantime::parse_rfc3339_weak(ts.trim_end_matches('Z'))
+}
+
+/// A quantile of values kept as `f32`, to the microsecond (the logs'
+/// precision).
+fn q(v: &mut [f32], at: f64) -> Option<f64> {
+    quantile(v, at).map(|x| (x * 1e6).round() / 1e6)
 }
 
 fn time_of(ts: &str) -> Option<SystemTime> {
-    humantime::parse_rfc3339_weak(ts.trim_end_matches('Z')).ok()
+    parse_time(ts).ok()
 }
 
 fn inside(f: &Filter, ts: &str) -> bool {
@@ -118,14 +131,26 @@ fn wanted(f: &Filter, engine: &str, model: &str) -> bool {
     f.engine.as_deref().is_none_or(|e| e == engine) && f.model.as_deref().is_none_or(|m| m == model)
 }
 
-/// Nearest-rank quantile.
-fn quantile(v: &mut [f64], q: f64) -> Option<f64> {
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(|a, b| a.total_cmp(b));
-    let rank = ((v.len() as f64) * q).ceil() as usize;
-    Some(v[rank.clamp(1, v.len()) - 1])
+/// The JSON values of a log's lines: blank lines left out, lines that are
+/// not JSON counted in `skipped`.
+fn json_lines<'a>(
+    r: impl BufRead + 'a,
+    what: &'static str,
+    skipped: &'a std::cell::Cell<u64>,
+) -> impl Iterator<Item = Result<Value>> + 'a {
+    r.lines().filter_map(move |line| match line {
+        Err(e) => Some(Err(
+            anyhow::Error::new(e).context(format!("reading the {what} log"))
+        )),
+        Ok(l) if l.trim().is_empty() => None,
+        Ok(l) => match serde_json::from_str::<Value>(&l) {
+            Ok(v) => Some(Ok(v)),
+            Err(_) => {
+                skipped.set(skipped.get() + 1);
+                None
+            }
+        },
+    })
 }
 
 /// Reads the logs and groups what they say.
@@ -136,18 +161,11 @@ pub fn explain(
 ) -> Result<Report> {
     let mut groups: BTreeMap<(String, String), Acc> = BTreeMap::new();
     let mut gpu: Vec<Value> = Vec::new();
-    let mut skipped = 0u64;
-    for line in events.lines() {
-        let line = line.context("reading the events log")?;
-        if line.trim().is_empty() {
-            continue;
-        }
-        let Ok(e) = serde_json::from_str::<Value>(&line) else {
-            skipped += 1;
-            continue;
-        };
+    let skipped = std::cell::Cell::new(0u64);
+    for e in json_lines(events, "events", &skipped) {
+        let e = e?;
         let (Some(kind), Some(ts)) = (e["kind"].as_str(), e["ts"].as_str()) else {
-            skipped += 1;
+            skipped.set(skipped.get() + 1);
             continue;
         };
         if !SHOWN.contains(&kind) || !inside(f, ts) {
@@ -174,17 +192,10 @@ pub fn explain(
             .push(e.clone());
     }
     if let Some(r) = requests {
-        for line in r.lines() {
-            let line = line.context("reading the requests log")?;
-            if line.trim().is_empty() {
-                continue;
-            }
-            let Ok(r) = serde_json::from_str::<Value>(&line) else {
-                skipped += 1;
-                continue;
-            };
+        for r in json_lines(r, "requests", &skipped) {
+            let r = r?;
             let Some(ts) = r["ts"].as_str() else {
-                skipped += 1;
+                skipped.set(skipped.get() + 1);
                 continue;
             };
             if r["operation"].is_null() || !inside(f, ts) {
@@ -216,14 +227,14 @@ pub fn explain(
                 v.errors += 1;
             } else {
                 if let Some(x) = r["ttft_s"].as_f64() {
-                    v.ttft.push(x);
+                    v.ttft.push(x as f32);
                 }
                 if let Some(x) = r["tpot_s"].as_f64() {
-                    v.tpot.push(x);
+                    v.tpot.push(x as f32);
                 }
             }
             if let Some(x) = r["input_tokens"].as_f64() {
-                v.input.push(x);
+                v.input.push(x as f32);
             }
             if let Some(who) = r["tenant"].as_str().or(r["caller"].as_str()) {
                 *g.callers.entry(who.to_string()).or_default() += 1;
@@ -232,7 +243,7 @@ pub fn explain(
     }
     let mut out = Report {
         groups: Vec::new(),
-        skipped_lines: skipped,
+        skipped_lines: skipped.get(),
     };
     for ((engine, model), mut acc) in groups {
         // A GPU event belongs to the groups of the engines on that GPU.
@@ -261,10 +272,10 @@ pub fn explain(
                 requests: v.n,
                 first: v.first,
                 last: v.last,
-                ttft_p50_s: quantile(&mut v.ttft, 0.5),
-                ttft_p95_s: quantile(&mut v.ttft, 0.95),
-                tpot_p50_s: quantile(&mut v.tpot, 0.5),
-                input_tokens_p50: quantile(&mut v.input, 0.5),
+                ttft_p50_s: q(&mut v.ttft, 0.5),
+                ttft_p95_s: q(&mut v.ttft, 0.95),
+                tpot_p50_s: q(&mut v.tpot, 0.5),
+                input_tokens_p50: q(&mut v.input, 0.5),
                 error_rate: v.errors as f64 / v.n.max(1) as f64,
             })
             .collect();

@@ -48,6 +48,9 @@ use crate::vocab::ErrorType;
 /// dropped and the window keeps one in 2, 4, … (an even thinning, no
 /// randomness).
 pub const MAX_VALUES: usize = 512;
+/// Values kept per series of one subject or request type per window
+/// (enough for its own median; a window holds up to [`MAX_KEYS`] of them).
+pub const KEY_VALUES: usize = 32;
 /// Subjects (and separately request types) kept per window; later ones
 /// are summed into [`OTHER`].
 pub const MAX_KEYS: usize = 64;
@@ -350,6 +353,11 @@ struct Values {
 
 impl Values {
     fn push(&mut self, x: f64) {
+        self.push_capped(x, MAX_VALUES);
+    }
+
+    /// As [`Values::push`], thinning past `cap` values.
+    fn push_capped(&mut self, x: f64, cap: usize) {
         if self.stride == 0 {
             self.stride = 1;
         }
@@ -357,7 +365,7 @@ impl Values {
         if !self.seen.is_multiple_of(self.stride) {
             return;
         }
-        if self.v.len() == MAX_VALUES {
+        if self.v.len() >= cap {
             let mut i = 0;
             self.v.retain(|_| {
                 i += 1;
@@ -439,7 +447,7 @@ impl Window {
             k.input_sum += o.metrics[Metric::InputTokens.index()].unwrap_or(0.0);
             for (i, m) in o.metrics.iter().enumerate() {
                 if let Some(x) = m.filter(|x| x.is_finite()) {
-                    k.metrics[i].push(x);
+                    k.metrics[i].push_capped(x, KEY_VALUES);
                 }
             }
         }
@@ -450,7 +458,7 @@ impl Window {
 }
 
 /// Nearest-rank quantile of `v` (sorted here); None when empty.
-fn quantile(v: &mut [f32], q: f64) -> Option<f64> {
+pub fn quantile(v: &mut [f32], q: f64) -> Option<f64> {
     if v.is_empty() {
         return None;
     }
